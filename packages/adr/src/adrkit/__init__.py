@@ -1,0 +1,60 @@
+"""adrkit: the results record every pipeline stage writes, and the writer that puts the figures
+into the Architecture Decision Records.
+
+Stages build a `Record` and `write_record` it under a results root; `update_adrs` renders every
+generated block of every ADR from the latest records, atomically and under a lock.
+"""
+
+from adrkit._blocks import BLOCKS, render_block
+from adrkit._document import LANGS
+from adrkit._errors import (
+    AdrError,
+    CommitError,
+    MarkerError,
+    RecordError,
+    RenderError,
+    ResultsError,
+)
+from adrkit._provenance import hardware, new_run_id, package_versions, repo_state, utc_now
+from adrkit._record import (
+    SCHEMA_VERSION,
+    STATUSES,
+    Gate,
+    Provenance,
+    Record,
+    Status,
+    Table,
+    load_latest,
+    read_record,
+    write_record,
+)
+from adrkit._writer import UpdateResult, update_adrs
+
+__all__ = [
+    "BLOCKS",
+    "LANGS",
+    "SCHEMA_VERSION",
+    "STATUSES",
+    "AdrError",
+    "CommitError",
+    "Gate",
+    "MarkerError",
+    "Provenance",
+    "Record",
+    "RecordError",
+    "RenderError",
+    "ResultsError",
+    "Status",
+    "Table",
+    "UpdateResult",
+    "hardware",
+    "load_latest",
+    "new_run_id",
+    "package_versions",
+    "read_record",
+    "render_block",
+    "repo_state",
+    "update_adrs",
+    "utc_now",
+    "write_record",
+]

@@ -1,0 +1,65 @@
+"""adrkit's command line: ``adrkit update [--check] [--commit-branch B]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from adrkit._errors import AdrError
+from adrkit._writer import update_adrs
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="adrkit", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    update = commands.add_parser(
+        "update", help="render every generated ADR block from the latest results records"
+    )
+    update.add_argument("--adr-dir", type=Path, default=Path("docs/adr"))
+    update.add_argument(
+        "--results",
+        type=Path,
+        default=Path(".results"),
+        help="a results root (newest record per stage) or one run's directory",
+    )
+    update.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if any ADR is stale against the results",
+    )
+    update.add_argument(
+        "--commit-branch",
+        metavar="BRANCH",
+        help="commit the change with git on BRANCH (the checked-out branch; clean tree only)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        result = update_adrs(
+            args.adr_dir, args.results, check=args.check, commit_branch=args.commit_branch
+        )
+    except AdrError as exc:
+        print(f"adrkit: error: {exc}", file=sys.stderr)
+        return 2
+    for path in result.changed:
+        print(f"{'stale' if args.check else 'updated'}: {path}")
+    if result.commit:
+        print(f"committed: {result.commit}")
+    if args.check and result.stale:
+        return 1
+    if not result.changed:
+        print("ADRs are up to date")
+    return 0
+
+
+def entrypoint() -> None:
+    sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    entrypoint()

@@ -1,0 +1,250 @@
+"""Renderers for generated blocks, one per block key, in English and Chinese.
+
+A renderer turns the latest results records into Markdown. It reads records only, never a
+package, so a block shows exactly what a stage recorded. Every block ends with the run id and the
+commit of each record it used, so each figure can be traced to the run that produced it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from adrkit._errors import RenderError
+from adrkit._record import Record, Scalar, Table
+
+Records = Mapping[str, Record]
+Renderer = Callable[[Records, str], str]
+
+# Labels for record fields, metric ids and table column ids. An id with no label shows as-is.
+_LABELS: dict[str, dict[str, str]] = {
+    "en": {
+        "stage": "Stage",
+        "status": "Status",
+        "detail": "Detail",
+        "gates": "Gates passed",
+        "run": "Run",
+        "passed": "passed",
+        "failed": "failed",
+        "skipped": "skipped",
+        "no-results": "No results yet: stage `{stage}` has not run.",
+        "source": (
+            "Source: stage `{stage}`, run `{run}`{flow}, commit `{commit}`, finished {ended}."
+        ),
+        "flow-run": " (flow run `{id}`)",
+        "gate": "Gate",
+        "value": "Value",
+        "threshold": "Threshold",
+        "verdict": "Verdict",
+        "fork": "Fork",
+        "upstream": "Upstream",
+        "scope": "Scope",
+        "fork_commit": "Fork commit",
+        "fork_tree": "Fork tree",
+        "files_total": "Files differing",
+        "files_added": "Added",
+        "files_modified": "Modified",
+        "files_deleted": "Deleted",
+        "files_renamed": "Renamed",
+        "files_binary": "Binary",
+        "files_left_out": "Left out (build outputs)",
+        "vendor_risk_changes": "Vendor changes in risk areas",
+        "env_vars_added": "Env vars added",
+        "env_vars_removed": "Env vars removed",
+        "env_vars_default_changed": "Env var defaults changed",
+        "path": "Path",
+        "stream": "Stream",
+        "area": "Area",
+        "origin": "Origin",
+        "reason": "Reason",
+        "lines": "Lines +/-",
+        "no-findings": "No vendor change falls in a risk area.",
+    },
+    "zh": {
+        "stage": "阶段",
+        "status": "状态",
+        "detail": "说明",
+        "gates": "通过的门限",
+        "run": "运行",
+        "passed": "通过",
+        "failed": "失败",
+        "skipped": "跳过",
+        "no-results": "暂无结果：阶段 `{stage}` 尚未运行。",
+        "source": "来源：阶段 `{stage}`，运行 `{run}`{flow}，提交 `{commit}`，完成于 {ended}。",
+        "flow-run": "（流程运行 `{id}`）",
+        "gate": "门限",
+        "value": "数值",
+        "threshold": "阈值",
+        "verdict": "结论",
+        "fork": "厂商分支",
+        "upstream": "上游",
+        "scope": "范围",
+        "fork_commit": "分支提交",
+        "fork_tree": "分支树",
+        "files_total": "差异文件数",
+        "files_added": "新增",
+        "files_modified": "修改",
+        "files_deleted": "删除",
+        "files_renamed": "重命名",
+        "files_binary": "二进制",
+        "files_left_out": "排除（构建产物）",
+        "vendor_risk_changes": "风险区域内的厂商改动",
+        "env_vars_added": "新增环境变量",
+        "env_vars_removed": "删除环境变量",
+        "env_vars_default_changed": "默认值改变的环境变量",
+        "path": "路径",
+        "stream": "计划流",
+        "area": "区域",
+        "origin": "来源",
+        "reason": "原因",
+        "lines": "行数 +/-",
+        "no-findings": "没有厂商改动落在风险区域内。",
+    },
+}
+
+
+def label(lang: str, key: str, **fields: str) -> str:
+    text = _LABELS[lang].get(key, key)
+    return text.format(**fields) if fields else text
+
+
+def _cell(value: Scalar) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(lang: str, columns: Sequence[str], rows: Sequence[Sequence[Scalar]]) -> str:
+    header = "| " + " | ".join(label(lang, c) for c in columns) + " |"
+    rule = "|" + "---|" * len(columns)
+    body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return "\n".join([header, rule, *body])
+
+
+def source_line(record: Record, lang: str) -> str:
+    p = record.provenance
+    flow = label(lang, "flow-run", id=p.flow_run_id) if p.flow_run_id else ""
+    commit = (p.repo_commit or "unknown")[:12]
+    return (
+        "_"
+        + label(
+            lang,
+            "source",
+            stage=record.stage,
+            run=p.run_id,
+            flow=flow,
+            commit=commit,
+            ended=p.ended_at,
+        )
+        + "_"
+    )
+
+
+def _require(records: Records, stage: str, lang: str) -> Record | str:
+    """The stage's record, or the localized note that it has not run yet."""
+    record = records.get(stage)
+    return record if record is not None else "_" + label(lang, "no-results", stage=stage) + "_"
+
+
+def _gate_table(record: Record, lang: str) -> str:
+    rows: list[list[Scalar]] = [
+        [
+            g.name,
+            g.value,
+            f"{g.op} {g.threshold:g}",
+            label(lang, "passed" if g.passed else "failed"),
+        ]
+        for g in record.gates
+    ]
+    return markdown_table(lang, ["gate", "value", "threshold", "verdict"], rows)
+
+
+def render_pipeline_status(records: Records, lang: str) -> str:
+    """Every stage's latest status, with the run that produced it."""
+    rows: list[list[Scalar]] = []
+    for stage in sorted(records):
+        r = records[stage]
+        passed = sum(g.passed for g in r.gates)
+        rows.append(
+            [
+                stage,
+                label(lang, r.status),
+                r.reason or r.summary,
+                f"{passed}/{len(r.gates)}",
+                r.provenance.run_id,
+            ]
+        )
+    table = markdown_table(lang, ["stage", "status", "detail", "gates", "run"], rows)
+    return "\n\n".join([table, *(source_line(records[s], lang) for s in sorted(records))])
+
+
+def _metrics_table(record: Record, lang: str, keys: Sequence[str]) -> str:
+    rows: list[list[Scalar]] = [[label(lang, k), record.metrics.get(k)] for k in keys]
+    return markdown_table(lang, ["detail", "value"], rows)
+
+
+_AUDIT_SUMMARY_METRICS = (
+    "fork",
+    "upstream",
+    "scope",
+    "fork_commit",
+    "fork_tree",
+    "files_total",
+    "files_added",
+    "files_modified",
+    "files_deleted",
+    "files_renamed",
+    "files_binary",
+    "files_left_out",
+    "env_vars_added",
+    "env_vars_removed",
+    "env_vars_default_changed",
+    "vendor_risk_changes",
+)
+
+
+def render_audit_summary(records: Records, lang: str) -> str:
+    """ADR 0012: what differs between the fork and upstream, in counts, and the verdict."""
+    record = _require(records, "audit", lang)
+    if isinstance(record, str):
+        return record
+    parts = [f"**{label(lang, 'verdict')}:** {record.summary}"]
+    if record.status != "skipped" and record.metrics:
+        parts += [_metrics_table(record, lang, _AUDIT_SUMMARY_METRICS), _gate_table(record, lang)]
+    elif record.reason:
+        parts.append(record.reason)
+    parts.append(source_line(record, lang))
+    return "\n\n".join(parts)
+
+
+def render_record_table(stage: str, table: str, empty_key: str) -> Renderer:
+    """A renderer that shows one named table of one stage's record."""
+
+    def render(records: Records, lang: str) -> str:
+        record = _require(records, stage, lang)
+        if isinstance(record, str):
+            return record
+        found: Table | None = record.tables.get(table)
+        if found is None or not found.rows:
+            body = label(lang, empty_key)
+        else:
+            body = markdown_table(lang, found.columns, found.rows)
+        return "\n\n".join([body, source_line(record, lang)])
+
+    return render
+
+
+BLOCKS: dict[str, Renderer] = {
+    "pipeline-status": render_pipeline_status,
+    "audit-summary": render_audit_summary,
+    "audit-findings": render_record_table("audit", "findings", "no-findings"),
+}
+
+
+def render_block(key: str, records: Records, lang: str) -> str:
+    renderer = BLOCKS.get(key)
+    if renderer is None:
+        msg = f"no renderer knows block key {key!r}; known keys: {', '.join(sorted(BLOCKS))}"
+        raise RenderError(msg)
+    return renderer(records, lang)

@@ -1,0 +1,127 @@
+"""An ADR file as text: MADR front matter, human prose, and generated blocks between markers.
+
+A generated block is everything between a pair of lines of exactly this form::
+
+    <!-- generated:KEY begin -->
+    ...
+    <!-- generated:KEY end -->
+
+Only the text strictly between the two markers is ever replaced, so every byte outside them,
+the markers included, is the human author's and stays as it was.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from adrkit._errors import MarkerError
+
+# Loose on purpose: anything that looks like a marker is checked, so a typo is an error rather
+# than human text that silently stops being regenerated.
+_MARKER = re.compile(r"<!--\s*generated:(?P<key>\S*?)\s+(?P<end>\S+)\s*-->")
+_KEY = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+LANGS = ("en", "zh")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One generated block: its key and the span of its body in the file's text."""
+
+    key: str
+    body_start: int
+    body_end: int
+
+
+@dataclass(frozen=True)
+class Document:
+    path: Path
+    text: str
+    front_matter: dict[str, str]
+    title: str
+    blocks: tuple[Block, ...]
+
+    @property
+    def lang(self) -> str:
+        return self.front_matter.get("lang", "en")
+
+    def with_bodies(self, bodies: dict[str, str]) -> str:
+        """Return the text with each block's body replaced; text outside the bodies is kept."""
+        pieces: list[str] = []
+        cursor = 0
+        for block in self.blocks:
+            pieces.append(self.text[cursor : block.body_start])
+            pieces.append(f"\n{bodies[block.key].strip(chr(10))}\n")
+            cursor = block.body_end
+        pieces.append(self.text[cursor:])
+        return "".join(pieces)
+
+
+def parse(path: Path, text: str) -> Document:
+    """Parse an ADR's text; malformed markers raise a one-line `MarkerError`."""
+    front_matter = _front_matter(path, text)
+    title_match = re.search(r"^# (.+)$", text, flags=re.MULTILINE)
+    title = title_match.group(1).strip() if title_match else path.stem
+    return Document(path, text, front_matter, title, _blocks(path, text))
+
+
+def _front_matter(path: Path, text: str) -> dict[str, str]:
+    if not text.startswith("---\n"):
+        return {}
+    end = text.find("\n---\n", 4)
+    if end < 0:
+        msg = f"{path}: front matter opened with '---' is never closed"
+        raise MarkerError(msg)
+    try:
+        data = yaml.safe_load(text[4:end]) or {}
+    except yaml.YAMLError as exc:
+        msg = f"{path}: front matter is not valid YAML ({' '.join(str(exc).split())})"
+        raise MarkerError(msg) from None
+    if not isinstance(data, dict):
+        msg = f"{path}: front matter must be a mapping of keys to values"
+        raise MarkerError(msg)
+    matter = {str(k): str(v) for k, v in data.items()}
+    if matter.get("lang", "en") not in LANGS:
+        msg = f"{path}: front matter `lang` is {matter['lang']!r}; expected one of {LANGS}"
+        raise MarkerError(msg)
+    return matter
+
+
+def _blocks(path: Path, text: str) -> tuple[Block, ...]:
+    blocks: list[Block] = []
+    seen: set[str] = set()
+    open_key: str | None = None
+    open_body_start = 0
+    for match in _MARKER.finditer(text):
+        key, kind = match.group("key"), match.group("end")
+        line = text.count("\n", 0, match.start()) + 1
+        where = f"{path}:{line}"
+        if not _KEY.match(key) or kind not in {"begin", "end"}:
+            msg = (
+                f"{where}: malformed marker {match.group(0)!r}; "
+                "expected '<!-- generated:KEY begin -->' or '<!-- generated:KEY end -->'"
+            )
+            raise MarkerError(msg)
+        if kind == "begin":
+            if open_key is not None:
+                msg = f"{where}: block {key!r} begins inside block {open_key!r}; blocks cannot nest"
+                raise MarkerError(msg)
+            if key in seen:
+                msg = f"{where}: block {key!r} appears twice in the file"
+                raise MarkerError(msg)
+            seen.add(key)
+            open_key, open_body_start = key, match.end()
+        else:
+            if open_key != key:
+                expected = f"the end of {open_key!r}" if open_key else "no end marker"
+                msg = f"{where}: end of block {key!r} found where {expected} was expected"
+                raise MarkerError(msg)
+            blocks.append(Block(key, open_body_start, match.start()))
+            open_key = None
+    if open_key is not None:
+        msg = f"{path}: block {open_key!r} begins but never ends"
+        raise MarkerError(msg)
+    return tuple(blocks)

@@ -1,0 +1,211 @@
+"""The results record: what one pipeline stage hands to the ADR writer.
+
+A record is plain JSON, one file per stage under ``<results root>/<run id>/<stage>.json``. The
+writer reads nothing else, so a record carries everything a block needs: the figures, the verdicts
+of its gates, where its artifacts lie, and where the figures came from (provenance).
+
+The schema is versioned by ``schema_version``. A reader accepts only versions it knows; adding an
+optional field keeps the version, changing the meaning of one bumps it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from adrkit._errors import RecordError, ResultsError
+
+SCHEMA_VERSION = 1
+RECORD_SUFFIX = ".json"
+
+Status = Literal["passed", "failed", "skipped"]
+STATUSES: tuple[Status, ...] = ("passed", "failed", "skipped")
+
+# A metric or table cell is a JSON scalar. Lists and objects belong in tables or artifacts.
+Scalar = str | int | float | bool | None
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+_GATE_OPS = {
+    "<=": lambda v, t: v <= t,
+    "<": lambda v, t: v < t,
+    ">=": lambda v, t: v >= t,
+    ">": lambda v, t: v > t,
+    "==": lambda v, t: v == t,
+}
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A pass/fail verdict on one metric, kept with the threshold it was judged against."""
+
+    name: str
+    value: float
+    op: str
+    threshold: float
+    passed: bool
+
+    @classmethod
+    def judge(cls, name: str, value: float, op: str, threshold: float) -> Gate:
+        """Judge ``value op threshold``; NaN never passes."""
+        if op not in _GATE_OPS:
+            msg = f"gate `{name}`: op {op!r} is not one of {sorted(_GATE_OPS)}"
+            raise RecordError(msg)
+        passed = not math.isnan(value) and bool(_GATE_OPS[op](value, threshold))
+        return cls(name=name, value=value, op=op, threshold=threshold, passed=passed)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A small table of scalars; ``columns`` are stable ids that renderers translate."""
+
+    columns: list[str]
+    rows: list[list[Scalar]]
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a record's figures came from."""
+
+    run_id: str
+    started_at: str
+    ended_at: str
+    repo_commit: str | None = None
+    repo_dirty: bool | None = None
+    fork_commit: str | None = None
+    fork_tree: str | None = None
+    flow_run_id: str | None = None
+    packages: dict[str, str] = field(default_factory=dict)
+    hardware: dict[str, Scalar] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Record:
+    """The result of one stage of one pipeline run."""
+
+    stage: str
+    status: Status
+    provenance: Provenance
+    summary: str = ""
+    reason: str | None = None
+    metrics: dict[str, Scalar] = field(default_factory=dict)
+    tables: dict[str, Table] = field(default_factory=dict)
+    gates: list[Gate] = field(default_factory=list)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.stage):
+            msg = f"`stage` must be lowercase letters, digits, '-' or '_', got {self.stage!r}"
+            raise RecordError(msg)
+        if self.status not in STATUSES:
+            msg = f"`status` must be one of {', '.join(STATUSES)}, got {self.status!r}"
+            raise RecordError(msg)
+        if self.status != "passed" and not self.reason:
+            msg = f"stage {self.stage!r} is {self.status} but has no `reason`"
+            raise RecordError(msg)
+        for name, table in self.tables.items():
+            width = len(table.columns)
+            if any(len(row) != width for row in table.rows):
+                msg = f"table `{name}` of stage {self.stage!r} has rows not {width} cells wide"
+                raise RecordError(msg)
+
+    @property
+    def gates_passed(self) -> bool:
+        return all(gate.passed for gate in self.gates)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> Record:
+        """Build a record from parsed JSON, naming the first field that is wrong."""
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            msg = f"`schema_version` is {version!r}; this adrkit reads version {SCHEMA_VERSION}"
+            raise RecordError(msg)
+        try:
+            provenance = Provenance(**_as_mapping(data.get("provenance"), "provenance"))
+            tables = {
+                name: Table(**_as_mapping(table, f"tables.{name}"))
+                for name, table in _as_mapping(data.get("tables", {}), "tables").items()
+            }
+            gates = [Gate(**_as_mapping(g, "gates[]")) for g in _as_list(data.get("gates", []))]
+            scalars = {k: v for k, v in data.items() if k not in _NESTED_FIELDS}
+            return cls(provenance=provenance, tables=tables, gates=gates, **scalars)  # type: ignore[arg-type]
+        except TypeError as exc:
+            raise RecordError(str(exc).replace("__init__() ", "")) from None
+
+
+_NESTED_FIELDS = frozenset({"provenance", "tables", "gates", "schema_version"})
+
+
+def _as_mapping(value: object, name: str) -> dict[str, Any]:
+    # Any: the dataclass constructors check the field names; a wrong type shows in the block.
+    if not isinstance(value, Mapping):
+        msg = f"`{name}` must be an object, got {type(value).__name__}"
+        raise RecordError(msg)
+    return {str(k): v for k, v in value.items()}
+
+
+def _as_list(value: object) -> list[object]:
+    if not isinstance(value, list):
+        msg = f"`gates` must be a list, got {type(value).__name__}"
+        raise RecordError(msg)
+    return value
+
+
+def write_record(results_root: Path, record: Record) -> Path:
+    """Write ``record`` to ``<results_root>/<run id>/<stage>.json`` atomically; return the path."""
+    run_dir = results_root / record.provenance.run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / f"{record.stage}{RECORD_SUFFIX}"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def read_record(path: Path) -> Record:
+    """Read one record file; a corrupt or foreign file is a one-line `ResultsError`."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        msg = f"cannot read results record {path}: {exc}"
+        raise ResultsError(msg) from None
+    if not isinstance(data, dict):
+        msg = f"results record {path} is not a JSON object"
+        raise ResultsError(msg)
+    try:
+        return Record.from_dict(data)
+    except RecordError as exc:
+        msg = f"results record {path} is invalid: {exc}"
+        raise ResultsError(msg) from None
+
+
+def load_latest(results: Path) -> dict[str, Record]:
+    """Return the newest record of every stage found under ``results``.
+
+    ``results`` is either one run's directory (records directly inside) or a results root holding
+    run directories. From a root, each stage takes its newest record by end time, so a milestone
+    run of one stage does not blank the blocks that other stages filled the night before.
+    """
+    if not results.is_dir():
+        msg = f"results directory {results} does not exist"
+        raise ResultsError(msg)
+    paths = sorted(results.glob(f"*{RECORD_SUFFIX}")) or sorted(results.glob(f"*/*{RECORD_SUFFIX}"))
+    latest: dict[str, Record] = {}
+    for path in paths:
+        record = read_record(path)
+        known = latest.get(record.stage)
+        if known is None or record.provenance.ended_at > known.provenance.ended_at:
+            latest[record.stage] = record
+    if not latest:
+        msg = f"results directory {results} holds no records (*{RECORD_SUFFIX})"
+        raise ResultsError(msg)
+    return latest

@@ -1,0 +1,203 @@
+from __future__ import annotations
+
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import git
+import pytest
+
+from adrkit import AdrError, CommitError, RenderError, ResultsError, update_adrs, write_record
+from adrkit.__main__ import main
+
+from conftest import ADR_EN, make_record
+
+HUMAN = re.compile(r"<!-- generated:(\S+) begin -->.*?<!-- generated:\1 end -->", re.DOTALL)
+
+
+def human_text(text: str) -> list[str]:
+    """Everything outside block bodies, markers included."""
+    return HUMAN.sub(lambda m: m.group(0).split("\n", 1)[0] + m.group(1), text).splitlines(True)
+
+
+def test_blocks_render_with_run_id_and_commit(adr_dir: Path, results: Path) -> None:
+    result = update_adrs(adr_dir, results)
+    text = (adr_dir / "0012-fork-audit.md").read_text()
+    assert adr_dir / "0012-fork-audit.md" in result.changed
+    assert "old summary" not in text
+    assert "run `run-1` (flow run `flow-run-xyz`), commit `0123456789ab`" in text
+    assert "| Files differing | 3 |" in text
+    index = (adr_dir / "README.md").read_text()
+    assert (
+        "| [0012](0012-fork-audit.md) | 0012 Vendor fork audit | accepted | 2026-11-29 |" in index
+    )
+
+
+def test_chinese_adr_gets_chinese_labels(adr_dir: Path, results: Path) -> None:
+    path = adr_dir / "0012-fork-audit.md"
+    path.write_text(ADR_EN.replace("lang: en", "lang: zh"))
+    update_adrs(adr_dir, results)
+    text = path.read_text()
+    assert "| 差异文件数 | 3 |" in text
+    assert "来源：阶段 `audit`，运行 `run-1`" in text
+
+
+def test_human_text_is_byte_identical_after_100_rewrites(adr_dir: Path, tmp_path: Path) -> None:
+    path = adr_dir / "0012-fork-audit.md"
+    before = human_text(path.read_bytes().decode())
+    for i in range(100):
+        root = tmp_path / "r"
+        write_record(
+            root,
+            make_record(
+                run_id=f"run-{i}",
+                ended_at=f"2026-11-29T02:00:{i:02d}",
+                files_total=i,
+                summary="x" * (i % 7),
+            ),
+        )
+        update_adrs(adr_dir, root)
+        assert human_text(path.read_bytes().decode()) == before
+    assert "run `run-99`" in path.read_text()
+    assert path.read_text().endswith("Last line without newline")
+
+
+_WRITER = """
+import sys
+from pathlib import Path
+from adrkit import update_adrs, write_record
+sys.path.insert(0, sys.argv[3])
+from conftest import make_record
+root, adr_dir, _, stage = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+write_record(root, make_record(stage, run_id="run-" + stage, ended_at="2026-11-29T03:00:00Z"))
+update_adrs(adr_dir, root)
+"""
+
+
+def test_eight_concurrent_writers_lose_no_update(adr_dir: Path, results: Path) -> None:
+    stages = [f"stage-{i}" for i in range(8)]
+    tests_dir = str(Path(__file__).parent)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, str(results), str(adr_dir), tests_dir, s])
+        for s in stages
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 8
+    text = (adr_dir / "0012-fork-audit.md").read_text()
+    status = text.split("generated:pipeline-status begin")[1]
+    assert all(f"| {s} | passed |" in status for s in stages)
+    assert update_adrs(adr_dir, results, check=True).changed == ()
+
+
+_SLOW_WRITER = """
+import sys
+from pathlib import Path
+from adrkit import update_adrs
+update_adrs(Path(sys.argv[1]), Path(sys.argv[2]))
+"""
+
+
+def test_writer_killed_mid_write_leaves_old_or_new_file(adr_dir: Path, tmp_path: Path) -> None:
+    path = adr_dir / "0012-fork-audit.md"
+    old = path.read_text()
+    root = tmp_path / "big"
+    # A 40 MB block makes the write long enough for the kill to land inside it.
+    write_record(root, make_record(summary="y" * 40_000_000))
+    rng = random.Random()
+    outcomes = set()
+    for _ in range(6):
+        proc = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, str(adr_dir), str(root)])
+        time.sleep(rng.uniform(0.2, 1.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        text = path.read_text()
+        assert text == old or (
+            text.startswith(old[:40]) and text.endswith(old[-25:]) and "y" * 40_000_000 in text
+        )
+        outcomes.add(text == old)
+        path.write_text(old)
+    assert True in outcomes  # at least one kill landed before the rename
+
+
+def test_check_detects_staleness_and_writes_nothing(adr_dir: Path, results: Path) -> None:
+    path = adr_dir / "0012-fork-audit.md"
+    assert main(["update", "--adr-dir", str(adr_dir), "--results", str(results), "--check"]) == 1
+    assert "old summary" in path.read_text()
+    assert main(["update", "--adr-dir", str(adr_dir), "--results", str(results)]) == 0
+    assert main(["update", "--adr-dir", str(adr_dir), "--results", str(results), "--check"]) == 0
+    write_record(results, make_record(run_id="run-2", ended_at="2026-11-30T00:00:00Z"))
+    assert main(["update", "--adr-dir", str(adr_dir), "--results", str(results), "--check"]) == 1
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def test_unknown_block_key_changes_no_file(adr_dir: Path, results: Path) -> None:
+    (adr_dir / "0013-other.md").write_text(
+        "# x\n<!-- generated:no-such-block begin -->\n<!-- generated:no-such-block end -->\n"
+    )
+    before = _snapshot(adr_dir)
+    with pytest.raises(RenderError, match="no renderer knows block key 'no-such-block'"):
+        update_adrs(adr_dir, results)
+    assert _snapshot(adr_dir) == before
+
+
+@pytest.mark.parametrize("problem", ["missing", "corrupt", "markers"])
+def test_cli_bad_input_is_one_line_and_changes_nothing(
+    adr_dir: Path, results: Path, problem: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if problem == "missing":
+        results = results / "absent"
+    elif problem == "corrupt":
+        (results / "run-1" / "audit.json").write_text("{not json")
+    else:
+        (adr_dir / "0001-a.md").write_text("# a\n<!-- generated:audit-summary begin -->\n")
+    before = _snapshot(adr_dir)
+    assert main(["update", "--adr-dir", str(adr_dir), "--results", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("adrkit: error: ") and err.count("\n") == 1
+    assert _snapshot(adr_dir) == before
+
+
+def test_commit_names_the_run_and_refuses_dirty_or_foreign_trees(
+    tmp_path: Path, results: Path
+) -> None:
+    repo = git.Repo.init(tmp_path / "repo", initial_branch="adr")
+    with repo.config_writer() as config:
+        config.set_value("user", "name", "t").set_value("user", "email", "t@example.com")
+    adr_dir = Path(repo.working_dir) / "docs" / "adr"
+    adr_dir.mkdir(parents=True)
+    (adr_dir / "0012-fork-audit.md").write_text(ADR_EN)
+    repo.index.add([str(adr_dir / "0012-fork-audit.md")])
+    repo.index.commit("initial")
+
+    with pytest.raises(CommitError, match="the checkout is on adr"):
+        update_adrs(adr_dir, results, commit_branch="main")
+    (adr_dir / "0012-fork-audit.md").write_text(ADR_EN + "\nhand edit\n")
+    with pytest.raises(CommitError, match="uncommitted changes"):
+        update_adrs(adr_dir, results, commit_branch="adr")
+    assert (adr_dir / "0012-fork-audit.md").read_text().endswith("hand edit\n")
+    repo.git.checkout("--", ".")
+
+    result = update_adrs(adr_dir, results, commit_branch="adr")
+    assert repo.head.commit.hexsha == result.commit
+    assert repo.head.commit.message == "docs(adr): update generated blocks from run run-1"
+    assert not repo.is_dirty(untracked_files=True)
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "0012-fork-audit.md").write_text(ADR_EN)
+    with pytest.raises(CommitError, match="not inside a git checkout"):
+        update_adrs(plain, results, commit_branch="main")
+    assert (plain / "0012-fork-audit.md").read_text() == ADR_EN
+
+
+def test_missing_adr_directory(tmp_path: Path, results: Path) -> None:
+    with pytest.raises(AdrError, match="does not exist"):
+        update_adrs(tmp_path / "none", results)
+    with pytest.raises(ResultsError):
+        update_adrs(tmp_path, tmp_path / "none")
