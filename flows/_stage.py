@@ -1,0 +1,124 @@
+"""What every stage flow shares: the run it belongs to, and how its record is built and shown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from adrkit import (
+    Gate,
+    Provenance,
+    Record,
+    Scalar,
+    Table,
+    hardware,
+    package_versions,
+    repo_state,
+    utc_now,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Versions recorded with every record, so a figure can be tied to the code that produced it.
+PROVENANCE_PACKAGES = ["adrkit", "forkaudit", "kvquant", "kvbench", "prefect", "torch", "triton"]
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """The pipeline run a stage belongs to."""
+
+    run_id: str
+    results_root: Path
+    flow_run_id: str | None = None
+
+    def stage_dir(self, stage: str) -> Path:
+        """Where a stage keeps its artifacts: beside the records of its run."""
+        path = self.results_root / self.run_id / stage
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+def build_record(
+    ctx: RunContext,
+    stage: str,
+    started_at: str,
+    *,
+    summary: str,
+    metrics: dict[str, Scalar],
+    tables: dict[str, Table] | None = None,
+    gates: list[Gate] | None = None,
+    artifacts: dict[str, str] | None = None,
+    fork_commit: str | None = None,
+    fork_tree: str | None = None,
+) -> Record:
+    """A record whose status follows its gates: a failed gate fails the stage, with the reason."""
+    gates = gates or []
+    failed = [g for g in gates if not g.passed]
+    reason = "; ".join(f"gate {g.name}: {g.value:g} not {g.op} {g.threshold:g}" for g in failed)
+    commit, dirty = repo_state(REPO_ROOT)
+    return Record(
+        stage=stage,
+        status="failed" if failed else "passed",
+        reason=reason or None,
+        summary=summary,
+        metrics=metrics,
+        tables=tables or {},
+        gates=gates,
+        artifacts=artifacts or {},
+        provenance=Provenance(
+            run_id=ctx.run_id,
+            started_at=started_at,
+            ended_at=utc_now(),
+            repo_commit=commit,
+            repo_dirty=dirty,
+            fork_commit=fork_commit,
+            fork_tree=fork_tree,
+            flow_run_id=ctx.flow_run_id,
+            packages=package_versions(PROVENANCE_PACKAGES),
+            hardware=hardware(),
+        ),
+    )
+
+
+def failed_record(ctx: RunContext, stage: str, started_at: str, reason: str) -> Record:
+    """The record of a stage that could not produce a result."""
+    return _bare_record(ctx, stage, started_at, "failed", reason)
+
+
+def skipped_record(ctx: RunContext, stage: str, reason: str) -> Record:
+    return _bare_record(ctx, stage, utc_now(), "skipped", reason)
+
+
+def _bare_record(ctx: RunContext, stage: str, started_at: str, status: str, reason: str) -> Record:
+    commit, dirty = repo_state(REPO_ROOT)
+    return Record(
+        stage=stage,
+        status=status,  # type: ignore[arg-type]
+        reason=reason,
+        summary=reason,
+        provenance=Provenance(
+            run_id=ctx.run_id,
+            started_at=started_at,
+            ended_at=utc_now(),
+            repo_commit=commit,
+            repo_dirty=dirty,
+            flow_run_id=ctx.flow_run_id,
+            packages=package_versions(PROVENANCE_PACKAGES),
+            hardware=hardware(),
+        ),
+    )
+
+
+def publish(record: Record, markdown: str, table: str) -> None:
+    """Publish the stage's report and its main table as keyed artifacts: one history per key."""
+    create_markdown_artifact(
+        key=f"{record.stage}-report", markdown=markdown, description=record.summary[:500]
+    )
+    found = record.tables.get(table)
+    rows = [dict(zip(found.columns, row, strict=True)) for row in found.rows] if found else []
+    create_table_artifact(
+        key=f"{record.stage}-{table}",
+        table=rows or [{"result": record.summary}],
+        description=f"{record.stage}: {table}",
+    )

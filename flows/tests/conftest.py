@@ -1,0 +1,153 @@
+"""Fixtures for the flow tests: a real Prefect server, and a small fork built with GitPython."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SERVER_START_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class PrefectServer:
+    api_url: str
+    env: dict[str, str]
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """Run the `prefect` CLI against this server from the repository root."""
+        return subprocess.run(
+            ["prefect", *args],
+            cwd=REPO_ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def api(self, method: str, path: str, body: object | None = None) -> object:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(  # noqa: S310 - http on loopback only
+            f"{self.api_url}{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - loopback
+            return json.loads(response.read())
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
+    """A real `prefect server` on 127.0.0.1 with SQLite in a temporary PREFECT_HOME."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = _free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": api_url,
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+    }
+    log = (home / "server.log").open("w")
+    server = subprocess.Popen(
+        ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while True:
+            try:
+                with urllib.request.urlopen(f"{api_url}/health", timeout=2):  # noqa: S310
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"prefect server did not become healthy; see {home / 'server.log'}")
+                time.sleep(0.5)
+        yield PrefectServer(api_url, env)
+    finally:
+        # The server starts its own children (uvicorn, services): end the whole process group.
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+def _commit_tree(repo: git.Repo, files: dict[str, str], message: str) -> git.Commit:
+    root = Path(repo.working_dir)
+    for path, text in files.items():
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    repo.index.add(list(files))
+    return repo.index.commit(message)
+
+
+UPSTREAM_FILES = {
+    "README.md": "toy vllm\n",
+    "vllm/__init__.py": "",
+    "vllm/envs.py": 'environment_variables = {\n    "VLLM_TARGET_DEVICE": lambda: "cuda",\n}\n',
+    "vllm/attention/backends/triton_attn.py": "SUPPORTED = ['auto', 'fp8']\n",
+    "docs/index.md": "docs\n",
+}
+
+
+@dataclass(frozen=True)
+class ForkFixture:
+    fork: str
+    upstream: str
+
+
+@pytest.fixture(scope="session")
+def small_fork(tmp_path_factory: pytest.TempPathFactory) -> ForkFixture:
+    """An upstream repo tagged v1, and a vendor fork published as one squashed commit of v1
+    plus a vendor patch to vllm/envs.py and the Triton attention backend."""
+    base = tmp_path_factory.mktemp("fork-fixture")
+    upstream = git.Repo.init(base / "upstream", initial_branch="main")
+    _commit_tree(upstream, UPSTREAM_FILES, "upstream v1")
+    upstream.create_tag("v1")
+    fork = git.Repo.init(base / "fork", initial_branch="main")
+    patched = UPSTREAM_FILES | {
+        "vllm/envs.py": UPSTREAM_FILES["vllm/envs.py"].replace(
+            "}\n", '    "VLLM_VENDOR_INT8_KV": lambda: "1",\n}\n'
+        ),
+        "vllm/attention/backends/triton_attn.py": "SUPPORTED = ['auto', 'fp8', 'int8']\n",
+    }
+    _commit_tree(fork, patched, "[Arch] Support bmz and nmz")
+    return ForkFixture(fork=str(base / "fork"), upstream=f"git:{base / 'upstream'}@v1")
+
+
+@pytest.fixture
+def adr_copy(tmp_path: Path) -> Path:
+    """A temporary copy of the project's docs/adr, so tests never touch the real ADRs."""
+    target = tmp_path / "adr"
+    shutil.copytree(REPO_ROOT / "docs" / "adr", target)
+    return target

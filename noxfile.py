@@ -1,0 +1,100 @@
+"""Sessions: `nox -s nightly` (the main job), `nox -s test`, `lint`, `typecheck` and `gpu`.
+
+torch: on a CPU machine each session installs `torch==2.13.0` (the CPU build). On the users'
+accelerator the vendor's torch is already in the system interpreter and must be the one used, so
+there sessions see the system site-packages and nothing ever reinstalls torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2025.2.9"
+nox.options.sessions = ["lint", "test"]
+
+ROOT = Path(__file__).parent
+PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+PACKAGES = ["adr", "audit", "kvquant"]
+CPU_TORCH = "torch==2.13.0"
+
+# Decided once, from the interpreter running nox: is there a torch we must not replace?
+VENDOR_TORCH = importlib.util.find_spec("torch") is not None
+VENV_PARAMS = ["--system-site-packages"] if VENDOR_TORCH else []
+
+# Prefect and Hugging Face stay offline, quiet and local to the checkout.
+QUIET_ENV = {
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "HF_HUB_OFFLINE": "1",
+}
+
+
+def _install(session: nox.Session, *groups: str, editable: bool = True) -> None:
+    """Install torch (unless the vendor's is present), the packages, and dependency groups."""
+    if not VENDOR_TORCH:
+        # Only here: a vendor image ships its own Triton (on ROCm under another distribution
+        # name), and a second one from the index would shadow it.
+        session.install(CPU_TORCH, "triton")
+    packages = [str(ROOT / "packages" / name) for name in PACKAGES]
+    session.install(*(a for p in packages for a in (("-e", p) if editable else (p,))))
+    for group in groups:
+        session.install(*nox.project.dependency_groups(PYPROJECT, group))
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def test(session: nox.Session) -> None:
+    """Run every package's tests and the real Prefect server test, on CPU."""
+    _install(session, "test", "flows")
+    session.run(
+        "python",
+        "-c",
+        "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)",
+    )
+    targets = session.posargs or [
+        *(f"packages/{name}/tests" for name in PACKAGES),
+        "flows/tests",
+    ]
+    for target in targets:
+        # One pytest per package: each reads its own pyproject's configuration.
+        session.run("python", "-m", "pytest", target, env=QUIET_ENV)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Check style and formatting with ruff."""
+    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def typecheck(session: nox.Session) -> None:
+    """Run strict mypy on each package with its own configuration."""
+    _install(session, "typecheck", "flows")
+    for name in PACKAGES:
+        package = ROOT / "packages" / name
+        session.run("mypy", "--config-file", str(package / "pyproject.toml"), str(package / "src"))
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def nightly(session: nox.Session) -> None:
+    """Run the nightly pipeline once, locally, on embedded defaults; it writes docs/adr."""
+    _install(session, "flows")
+    prefect_home = Path(session.create_tmp()) / "prefect-home"
+    env = QUIET_ENV | {"PREFECT_HOME": os.environ.get("PREFECT_HOME", str(prefect_home))}
+    session.run("python", "-m", "flows.pipeline", *session.posargs, env=env)
+
+
+@nox.session(venv_params=VENV_PARAMS, default=False)
+def gpu(session: nox.Session) -> None:
+    """Run the tests that need a CUDA device; skips with the reason elsewhere."""
+    _install(session, "test")
+    probe = "import torch; print(torch.cuda.is_available())"
+    if str(session.run("python", "-c", probe, silent=True)).strip() != "True":
+        session.skip("no CUDA device visible to torch: the GPU tests need one")
+    session.run("python", "-m", "pytest", "packages/kvquant/tests", "-m", "gpu", *session.posargs)
