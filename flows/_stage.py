@@ -14,6 +14,7 @@ from adrkit import (
     Scalar,
     Table,
     hardware,
+    markdown_table,
     package_versions,
     repo_state,
     utc_now,
@@ -108,6 +109,15 @@ def _bare_record(ctx: RunContext, stage: str, started_at: str, status: str, reas
             hardware=hardware(),
         ),
     )
+
+
+def tables_markdown(record: Record, title: str) -> str:
+    """A stage report made of the record's summary and tables, for stages with no report of
+    their own."""
+    parts = [f"# {title}", record.summary]
+    for name, table in record.tables.items():
+        parts += [f"## {name}", markdown_table("en", table.columns, table.rows)]
+    return "\n\n".join(parts) + "\n"
 
 
 def publish(record: Record, markdown: str, table: str) -> None:

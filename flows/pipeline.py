@@ -13,20 +13,24 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
+from prefect.states import State
 
 import forkaudit
 from adrkit import Record, new_run_id, update_adrs, utc_now, write_record
 from flows._stage import REPO_ROOT, RunContext, failed_record, skipped_record
 from flows.audit import audit_stage
+from flows.correctness import correctness_stage
 
 # Each stage, in run order, with the stages whose results it needs. A stage whose need failed is
 # skipped with that reason; every other stage still runs.
 STAGES: dict[str, tuple[str, ...]] = {
     "audit": (),
+    "correctness": (),
 }
 
 
@@ -51,19 +55,15 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def _run_stage(stage: str, ctx: RunContext, fork: str, upstream: str, scope: str | None) -> Record:
+def _run_stage(stage: str, ctx: RunContext, params: dict[str, Any]) -> Record:
     """Run one stage flow and return its record; a crash becomes a failed record, not a crash."""
     started_at = utc_now()
+    run = {"run_id": ctx.run_id, "results_root": ctx.results_root, "flow_run_id": ctx.flow_run_id}
+    state: State[Record]
     if stage == "audit":
-        state = audit_stage(
-            ctx.run_id,
-            ctx.results_root,
-            fork,
-            upstream,
-            scope,
-            flow_run_id=ctx.flow_run_id,
-            return_state=True,
-        )
+        state = audit_stage(**run, **params["audit"], return_state=True)
+    elif stage == "correctness":
+        state = correctness_stage(**run, **params["correctness"], return_state=True)
     else:  # STAGES and this dispatch change together
         msg = f"stage {stage!r} has no flow"
         raise ValueError(msg)
@@ -82,6 +82,7 @@ def pipeline(
     fork: str = forkaudit.DEFAULT_FORK,
     upstream: str = forkaudit.DEFAULT_UPSTREAM,
     scope: str | None = forkaudit.DEFAULT_SCOPE,
+    correctness_full: bool = False,
     adr_dir: str = str(REPO_ROOT / "docs" / "adr"),
     results_root: str = str(REPO_ROOT / ".results"),
 ) -> dict[str, str]:
@@ -92,6 +93,10 @@ def pipeline(
         msg = f"unknown stage(s) {unknown}; known stages: {list(STAGES)}"
         raise ValueError(msg)
     ctx = RunContext(new_run_id(), Path(results_root), flow_run.id)
+    params: dict[str, dict[str, Any]] = {
+        "audit": {"fork": fork, "upstream": upstream, "scope": scope},
+        "correctness": {"full": correctness_full},
+    }
     print(f"run {ctx.run_id} ({milestone}): stages {selected}")
     records: dict[str, Record] = {}
     try:
@@ -105,7 +110,7 @@ def pipeline(
                 reason = f"needs {', '.join(failed_needs)}, which failed"
                 record = skipped_record(ctx, stage, reason)
             else:
-                record = _run_stage(stage, ctx, fork, upstream, scope)
+                record = _run_stage(stage, ctx, params)
             write_record(ctx.results_root, record)
             records[stage] = record
             print(f"{stage}: {record.status}: {record.reason or record.summary}")

@@ -5,7 +5,7 @@ Stages build a `Record` and `write_record` it under a results root; `update_adrs
 generated block of every ADR from the latest records, atomically and under a lock.
 """
 
-from adrkit._blocks import BLOCKS, render_block
+from adrkit._blocks import BLOCKS, markdown_table, render_block
 from adrkit._document import LANGS
 from adrkit._errors import (
     AdrError,
@@ -51,6 +51,7 @@ __all__ = [
     "UpdateResult",
     "hardware",
     "load_latest",
+    "markdown_table",
     "new_run_id",
     "package_versions",
     "read_record",

@@ -58,6 +58,16 @@ _LABELS: dict[str, dict[str, str]] = {
         "reason": "Reason",
         "lines": "Lines +/-",
         "no-findings": "No vendor change falls in a risk area.",
+        "kernel": "Kernel",
+        "dtype": "Cache, model dtype",
+        "head_size": "Head size",
+        "block_size": "Block size",
+        "gqa": "GQA",
+        "rel_l2": "Rel. L2 vs reference",
+        "tolerance": "Tolerance",
+        "quant_rel_l2": "Quantization rel. L2",
+        "case": "Case",
+        "no-cases": "No cases were run.",
     },
     "zh": {
         "stage": "阶段",
@@ -98,6 +108,16 @@ _LABELS: dict[str, dict[str, str]] = {
         "reason": "原因",
         "lines": "行数 +/-",
         "no-findings": "没有厂商改动落在风险区域内。",
+        "kernel": "内核",
+        "dtype": "缓存、模型数据类型",
+        "head_size": "头维度",
+        "block_size": "块大小",
+        "gqa": "GQA 比",
+        "rel_l2": "相对参考的 L2 误差",
+        "tolerance": "容差",
+        "quant_rel_l2": "量化本身的 L2 误差",
+        "case": "用例",
+        "no-cases": "没有运行任何用例。",
     },
 }
 
@@ -107,7 +127,13 @@ def label(lang: str, key: str, **fields: str) -> str:
     return text.format(**fields) if fields else text
 
 
-def _cell(value: Scalar) -> str:
+# Cell values that are words of the record schema, shown in the ADR's language.
+_TRANSLATED_CELLS = frozenset({"passed", "failed", "skipped"})
+
+
+def _cell(lang: str, value: Scalar) -> str:
+    if isinstance(value, str) and value in _TRANSLATED_CELLS:
+        return label(lang, value)
     if value is None:
         return "—"
     if isinstance(value, float):
@@ -118,7 +144,7 @@ def _cell(value: Scalar) -> str:
 def markdown_table(lang: str, columns: Sequence[str], rows: Sequence[Sequence[Scalar]]) -> str:
     header = "| " + " | ".join(label(lang, c) for c in columns) + " |"
     rule = "|" + "---|" * len(columns)
-    body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    body = ["| " + " | ".join(_cell(lang, v) for v in row) + " |" for row in rows]
     return "\n".join([header, rule, *body])
 
 
@@ -239,6 +265,8 @@ BLOCKS: dict[str, Renderer] = {
     "pipeline-status": render_pipeline_status,
     "audit-summary": render_audit_summary,
     "audit-findings": render_record_table("audit", "findings", "no-findings"),
+    "kvquant-correctness": render_record_table("correctness", "errors", "no-cases"),
+    "kvquant-edge-cases": render_record_table("correctness", "edge-cases", "no-cases"),
 }
 
 
