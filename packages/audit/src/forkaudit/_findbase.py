@@ -1,0 +1,125 @@
+"""Finding the upstream commit a fork was really cut from.
+
+Each candidate's distance is the number of paths whose mode or blob id differ from the fork's.
+The first candidate's tree is listed once; every later one is reached by applying the diff
+from its predecessor, all read from one `git diff-tree --stdin`, so 500 candidates cost about
+as much as listing two trees.
+"""
+
+import itertools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from forkaudit._errors import SpecError
+from forkaudit._git import run_git
+from forkaudit._sources import Entry, open_repo, open_spec, resolve_commit
+
+RANKING_SIZE = 5
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One upstream commit and how many paths differ between its tree and the fork's."""
+
+    commit: str
+    files_changed: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"commit": self.commit, "files_changed": self.files_changed}
+
+
+def find_base(
+    fork: str,
+    upstream_repo: Path,
+    candidates: str | list[str],
+    *,
+    scope: str | None = None,
+    cache_dir: Path | None = None,
+) -> dict[str, object]:
+    """Rank CANDIDATES (a rev range `A..B` on the first-parent line, or revs) by distance.
+
+    Returns {"best": {commit, files_changed}, "ranking": [top 5, same fields],
+    "candidates": how many were compared}. Ties go to the earlier candidate.
+    """
+    fork_entries = open_spec(fork, scope=scope, cache_dir=cache_dir).entries
+    spec = f"--upstream-repo {upstream_repo}"
+    repo = open_repo(spec, str(upstream_repo))
+    git_dir = Path(repo.common_dir)
+    commits = _candidate_commits(spec, repo, candidates)
+    prefix = os.fsencode(scope or "")
+
+    def differs(path: bytes, entry: Entry | None) -> bool:
+        return fork_entries.get(path) != entry
+
+    tree = _list_tree(git_dir, commits[0], prefix)
+    distance = sum(differs(p, tree.get(p)) for p in fork_entries.keys() | tree.keys())
+    ranked = [Candidate(commits[0], distance)]
+    steps = "".join(f"{new} {old}\n" for old, new in itertools.pairwise(commits))
+    changes_by_commit = _changes_per_step(git_dir, steps.encode()) if steps else {}
+    for commit in commits[1:]:
+        for path, entry in changes_by_commit.get(commit, []):
+            if not path.startswith(prefix):
+                continue
+            distance += differs(path, entry) - differs(path, tree.get(path))
+            if entry is None:
+                tree.pop(path, None)
+            else:
+                tree[path] = entry
+        ranked.append(Candidate(commit, distance))
+    ranking = sorted(ranked, key=lambda c: c.files_changed)[:RANKING_SIZE]  # sort is stable
+    return {
+        "best": ranking[0].to_dict(),
+        "ranking": [c.to_dict() for c in ranking],
+        "candidates": len(commits),
+    }
+
+
+def _candidate_commits(spec: str, repo: git.Repo, candidates: str | list[str]) -> list[str]:
+    """Full commit ids of the candidates; a range `A..B` means A and B's first-parent line."""
+    if isinstance(candidates, str) and ".." in candidates:
+        lower, upper = (resolve_commit(spec, repo, rev) for rev in candidates.split("..", 1))
+        line = run_git(
+            Path(repo.common_dir), ["rev-list", "--first-parent", "--reverse", f"{lower}..{upper}"]
+        )
+        commits = [lower, *line.decode().split()]
+    else:
+        names = candidates.replace(",", " ").split() if isinstance(candidates, str) else candidates
+        commits = [resolve_commit(spec, repo, name) for name in names]
+    if not commits:
+        msg = f"{spec}: no candidate commits in {candidates!r}"
+        raise SpecError(msg)
+    return list(dict.fromkeys(commits))
+
+
+def _list_tree(git_dir: Path, commit: str, prefix: bytes) -> dict[bytes, Entry]:
+    listing = run_git(git_dir, ["ls-tree", "-r", "-z", "--full-tree", commit])
+    tree = {}
+    for record in listing.split(b"\0"):
+        meta, _, path = record.partition(b"\t")
+        if record and path.startswith(prefix):
+            mode, _kind, oid = meta.decode().split(" ")
+            tree[path] = Entry(mode, oid)
+    return tree
+
+
+def _changes_per_step(git_dir: Path, steps: bytes) -> dict[str, list[tuple[bytes, Entry | None]]]:
+    """For each `NEW OLD` line, the paths that change from OLD to NEW (None: deleted)."""
+    out = run_git(
+        git_dir, ["diff-tree", "--stdin", "--always", "-r", "-z", "--no-renames"], stdin=steps
+    )
+    changes: dict[str, list[tuple[bytes, Entry | None]]] = {}
+    current: list[tuple[bytes, Entry | None]] = []
+    fields = iter(out.split(b"\0"))
+    for field in fields:
+        if not field:
+            continue
+        if not field.startswith(b":"):  # the header naming the commit whose diff follows
+            current = changes.setdefault(field.decode().strip(), [])
+            continue
+        _old_mode, new_mode, _old_oid, new_oid, status = field[1:].decode().split(" ")
+        path = next(fields)
+        current.append((path, None if status == "D" else Entry(new_mode, new_oid)))
+    return changes

@@ -1,0 +1,382 @@
+"""Turning a SPEC into a snapshot: every file of a tree with its git mode and blob id.
+
+Blob ids are computed exactly as git computes them, so a git tree, an sdist, a wheel, an
+installed distribution and a plain directory can all be compared id by id.
+"""
+
+import base64
+import csv
+import hashlib
+import importlib.metadata
+import os
+import stat
+import tarfile
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeAlias
+
+import git
+
+from forkaudit._errors import GitError, SpecError
+from forkaudit._git import run_git
+from forkaudit._pypi import fetch_from_index
+
+MODE_FILE = "100644"
+MODE_EXECUTABLE = "100755"
+MODE_SYMLINK = "120000"
+MODE_GITLINK = "160000"
+_MODE_TREE = "40000"
+
+#: Kinds whose files come out of a build, so build-written files may be recognised and left out.
+ARTIFACT_KINDS = frozenset({"sdist", "wheel", "installed"})
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tracked path: its git mode and its git object id (a commit id for a gitlink)."""
+
+    mode: str
+    oid: str
+
+
+@dataclass
+class Snapshot:
+    """The files of one side of the audit, keyed by their path as raw bytes."""
+
+    spec: str
+    kind: str
+    entries: dict[bytes, Entry]
+    #: Contents by blob id, for sides that are not git repositories (git reads its own).
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    commit: str | None = None
+    #: The repository's git directory, for git sides, which read their blobs from it.
+    git_dir: Path | None = None
+    #: The repository itself, for git sides, so its history can be inspected.
+    repo: git.Repo | None = None
+    #: Files whose content does not match the distribution's RECORD (wheel and installed).
+    record_mismatches: list[dict[str, str]] = field(default_factory=list)
+    #: Files of the distribution that lie outside its install root, so are not compared.
+    outside_root: list[str] = field(default_factory=list)
+
+    def tree_id(self) -> str:
+        """The git tree id these entries would have if committed (matches `git write-tree`)."""
+        return _hash_tree(self.entries)
+
+
+def blob_id(data: bytes) -> str:
+    """The id git gives a blob holding DATA."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def open_spec(spec: str, *, scope: str | None = None, cache_dir: Path | None = None) -> Snapshot:
+    """Read the snapshot a SPEC names; a plain PATH[@REV] means a git repository.
+
+    SCOPE (a prefix such as `vllm/`) keeps only the paths under it; outside it nothing counts.
+    """
+    snapshot = _open_unscoped(spec, cache_dir)
+    if scope:
+        prefix = os.fsencode(scope)
+        snapshot.entries = {p: e for p, e in snapshot.entries.items() if p.startswith(prefix)}
+        snapshot.record_mismatches = [
+            m for m in snapshot.record_mismatches if m["path"].startswith(scope)
+        ]
+    return snapshot
+
+
+def _open_unscoped(spec: str, cache_dir: Path | None) -> Snapshot:
+    kind, _, target = spec.partition(":")
+    if kind == "git":
+        return _open_git(spec, target)
+    if kind == "dir":
+        return _open_dir(spec, Path(target))
+    if kind == "sdist":
+        return _open_sdist(spec, _existing_file(spec, target))
+    if kind == "wheel":
+        return _open_wheel(spec, _existing_file(spec, target))
+    if kind == "pypi":
+        return _open_sdist(spec, fetch_from_index(spec, target, "sdist", cache_dir))
+    if kind == "pypi-wheel":
+        return _open_wheel(spec, fetch_from_index(spec, target, "wheel", cache_dir))
+    if kind == "installed":
+        return _open_installed(spec, target)
+    return _open_git(spec, spec)
+
+
+def _existing_file(spec: str, path: str) -> Path:
+    file = Path(path)
+    if not file.is_file():
+        msg = f"`{spec}`: file {path!r} does not exist"
+        raise SpecError(msg)
+    if not os.access(file, os.R_OK):
+        msg = f"`{spec}`: file {path!r} is not readable"
+        raise SpecError(msg)
+    return file
+
+
+def split_path_rev(target: str) -> tuple[str, str]:
+    """Split PATH[@REV]; a path that exists as written keeps any `@` it contains."""
+    path, at, rev = target.rpartition("@")
+    if not at or Path(target).exists() or not path:
+        return target, "HEAD"
+    return path, rev
+
+
+def open_repo(spec: str, path: str) -> git.Repo:
+    """Open the repository at PATH (bare or with a work tree) without searching parents."""
+    if not Path(path).exists():
+        msg = f"`{spec}`: path {path!r} does not exist"
+        raise SpecError(msg)
+    try:
+        return git.Repo(path)
+    except git.InvalidGitRepositoryError:
+        msg = f"`{spec}`: {path!r} is not a git repository"
+        raise SpecError(msg) from None
+    except git.NoSuchPathError:
+        msg = f"`{spec}`: path {path!r} does not exist"
+        raise SpecError(msg) from None
+
+
+def resolve_commit(spec: str, repo: git.Repo, rev: str) -> str:
+    """The full commit id REV names in REPO; clear errors for an empty repo or unknown ref."""
+    git_dir = Path(repo.common_dir)
+    try:
+        out = run_git(git_dir, ["rev-parse", "--verify", "--end-of-options", f"{rev}^{{commit}}"])
+    except GitError:
+        if not run_git(git_dir, ["for-each-ref", "--count=1"]).strip():
+            msg = f"`{spec}`: repository {repo.common_dir!r} is empty (it has no commits)"
+            raise SpecError(msg) from None
+        msg = f"`{spec}`: unknown ref {rev!r} (expected a branch, tag or commit)"
+        raise SpecError(msg) from None
+    return out.decode().strip()
+
+
+def _open_git(spec: str, target: str) -> Snapshot:
+    path, rev = split_path_rev(target)
+    repo = open_repo(spec, path)
+    commit = resolve_commit(spec, repo, rev)
+    listing = run_git(Path(repo.common_dir), ["ls-tree", "-r", "-z", "--full-tree", commit])
+    entries: dict[bytes, Entry] = {}
+    for record in listing.split(b"\0"):
+        if not record:
+            continue
+        meta, _, file_path = record.partition(b"\t")
+        mode, _kind, oid = meta.split(b" ")
+        entries[file_path] = Entry(mode.decode(), oid.decode())
+    return Snapshot(
+        spec=spec,
+        kind="git",
+        entries=entries,
+        commit=commit,
+        git_dir=Path(repo.common_dir),
+        repo=repo,
+    )
+
+
+class _SnapshotBuilder:
+    """Collects files read from an archive or a directory, hashing them as git does."""
+
+    def __init__(self, spec: str, kind: str) -> None:
+        self.snapshot = Snapshot(spec=spec, kind=kind, entries={})
+
+    def add(self, path: bytes, data: bytes, mode: str) -> None:
+        oid = blob_id(data)
+        self.snapshot.entries[path] = Entry(mode, oid)
+        self.snapshot.blobs[oid] = data
+
+
+def _file_mode(st_mode: int) -> str:
+    if stat.S_ISLNK(st_mode):
+        return MODE_SYMLINK
+    # git records only whether the owner may execute the file.
+    return MODE_EXECUTABLE if st_mode & stat.S_IXUSR else MODE_FILE
+
+
+def _open_dir(spec: str, root: Path) -> Snapshot:
+    if not root.is_dir():
+        msg = f"`{spec}`: directory {str(root)!r} does not exist"
+        raise SpecError(msg)
+    builder = _SnapshotBuilder(spec, "dir")
+    for relative, absolute in _walk_files(os.fsencode(root)):
+        try:
+            st = os.lstat(absolute)
+            if stat.S_ISLNK(st.st_mode):
+                data = os.fsencode(Path(os.fsdecode(absolute)).readlink())
+            else:
+                data = Path(os.fsdecode(absolute)).read_bytes()
+        except OSError as error:
+            msg = f"`{spec}`: cannot read {os.fsdecode(absolute)!r}: {error.strerror}"
+            raise SpecError(msg) from None
+        builder.add(relative, data, _file_mode(st.st_mode))
+    return builder.snapshot
+
+
+def _walk_files(root: bytes, relative: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+    """Yield (relative path, absolute path) of every file and symlink, skipping `.git`."""
+    try:
+        with os.scandir(root + b"/" + relative if relative else root) as scan:
+            children = sorted(scan, key=lambda child: child.name)
+    except OSError as error:
+        msg = f"cannot list directory {os.fsdecode(root + b'/' + relative)!r}: {error.strerror}"
+        raise SpecError(msg) from None
+    for child in children:
+        if child.name == b".git":
+            continue
+        child_relative = relative + b"/" + child.name if relative else child.name
+        if child.is_dir(follow_symlinks=False):
+            yield from _walk_files(root, child_relative)
+        else:
+            yield child_relative, child.path
+
+
+def _open_sdist(spec: str, file: Path) -> Snapshot:
+    builder = _SnapshotBuilder(spec, "sdist")
+    try:
+        with tarfile.open(file, "r:*") as archive:
+            members = [m for m in archive.getmembers() if m.isfile() or m.issym() or m.islnk()]
+            top = _common_top_dir([m.name for m in members])
+            for member in members:
+                path = os.fsencode(member.name[len(top) :])
+                if member.issym():
+                    builder.add(path, os.fsencode(member.linkname), MODE_SYMLINK)
+                    continue
+                extracted = archive.extractfile(member)
+                if extracted is None:
+                    continue
+                mode = MODE_EXECUTABLE if member.mode & stat.S_IXUSR else MODE_FILE
+                builder.add(path, extracted.read(), mode)
+    except (tarfile.TarError, OSError, EOFError) as error:
+        msg = f"`{spec}`: cannot read sdist {str(file)!r}: {str(error).splitlines()[0]}"
+        raise SpecError(msg) from None
+    return builder.snapshot
+
+
+def _common_top_dir(names: list[str]) -> str:
+    """The `name-version/` directory every member of an sdist sits in ('' if there is none)."""
+    tops = {name.split("/", 1)[0] for name in names}
+    if len(tops) == 1 and all("/" in name for name in names):
+        return tops.pop() + "/"
+    return ""
+
+
+def _open_wheel(spec: str, file: Path) -> Snapshot:
+    builder = _SnapshotBuilder(spec, "wheel")
+    try:
+        with zipfile.ZipFile(file) as archive:
+            for info in archive.infolist():
+                if info.is_dir():
+                    continue
+                unix_mode = info.external_attr >> 16
+                data = archive.read(info)
+                mode = _file_mode(unix_mode) if unix_mode else MODE_FILE
+                builder.add(os.fsencode(info.filename), data, mode)
+    except (zipfile.BadZipFile, OSError) as error:
+        msg = f"`{spec}`: cannot read wheel {str(file)!r}: {error}"
+        raise SpecError(msg) from None
+    snapshot = builder.snapshot
+    snapshot.record_mismatches = _check_wheel_record(snapshot)
+    return snapshot
+
+
+def _check_wheel_record(snapshot: Snapshot) -> list[dict[str, str]]:
+    records = [p for p in snapshot.entries if p.endswith(b".dist-info/RECORD")]
+    if not records:
+        return []
+    record_text = snapshot.blobs[snapshot.entries[records[0]].oid].decode("utf-8", "replace")
+    mismatches = []
+    for row in csv.reader(record_text.splitlines()):
+        if len(row) < 2 or not row[1]:
+            continue  # RECORD lists itself (and maybe .pyc files) without a hash
+        path, hash_field = row[0], row[1]
+        entry = snapshot.entries.get(os.fsencode(path))
+        problem = (
+            "listed in RECORD but missing"
+            if entry is None
+            else _record_hash_problem(hash_field, snapshot.blobs[entry.oid])
+        )
+        if problem:
+            mismatches.append({"path": path, "problem": problem})
+    return mismatches
+
+
+def _record_hash_problem(hash_field: str, data: bytes) -> str | None:
+    """Compare DATA with a RECORD hash such as `sha256=<urlsafe base64>`; None if it matches."""
+    algorithm, _, expected = hash_field.partition("=")
+    if algorithm not in hashlib.algorithms_available:
+        return f"RECORD uses unknown hash algorithm {algorithm!r}"
+    digest = hashlib.new(algorithm, data).digest()
+    actual = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    return None if actual == expected else f"content does not match its RECORD {algorithm} hash"
+
+
+def _open_installed(spec: str, name: str) -> Snapshot:
+    try:
+        distribution = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        msg = f"`{spec}`: distribution {name!r} is not installed in this environment"
+        raise SpecError(msg) from None
+    builder = _SnapshotBuilder(spec, "installed")
+    snapshot = builder.snapshot
+    for package_path in distribution.files or []:
+        relative = package_path.as_posix()
+        if ".." in package_path.parts:
+            snapshot.outside_root.append(relative)
+            continue
+        location = Path(str(distribution.locate_file(package_path)))
+        try:
+            st = location.lstat()
+            data = (
+                os.fsencode(location.readlink())
+                if stat.S_ISLNK(st.st_mode)
+                else location.read_bytes()
+            )
+        except FileNotFoundError:
+            snapshot.record_mismatches.append(
+                {"path": relative, "problem": "listed in RECORD but missing"}
+            )
+            continue
+        except OSError as error:
+            msg = f"`{spec}`: cannot read {str(location)!r}: {error.strerror}"
+            raise SpecError(msg) from None
+        builder.add(os.fsencode(relative), data, _file_mode(st.st_mode))
+        if package_path.hash is not None:
+            problem = _record_hash_problem(
+                f"{package_path.hash.mode}={package_path.hash.value}", data
+            )
+            if problem:
+                snapshot.record_mismatches.append({"path": relative, "problem": problem})
+    return snapshot
+
+
+_TreeNode: TypeAlias = dict[bytes, "Entry | _TreeNode"]
+
+
+def _hash_tree(entries: dict[bytes, Entry]) -> str:
+    """Build git tree objects for ENTRIES in memory and return the root tree's id."""
+    root: _TreeNode = {}
+    for path, entry in entries.items():
+        node = root
+        *parents, name = path.split(b"/")
+        for parent in parents:
+            child = node.setdefault(parent, {})
+            if isinstance(child, Entry):
+                msg = f"path {os.fsdecode(path)!r} lies under a file of the same name"
+                raise SpecError(msg)
+            node = child
+        node[name] = entry
+    return _hash_tree_node(root)
+
+
+def _hash_tree_node(node: _TreeNode) -> str:
+    records = []  # (sort key, name, mode, binary id)
+    for name, child in node.items():
+        if isinstance(child, Entry):
+            records.append((name, name, child.mode.encode(), bytes.fromhex(child.oid)))
+        else:
+            # git sorts a subtree as if its name ended in "/".
+            subtree = bytes.fromhex(_hash_tree_node(child))
+            records.append((name + b"/", name, _MODE_TREE.encode(), subtree))
+    records.sort()
+    body = b"".join(mode + b" " + name + b"\0" + oid for _key, name, mode, oid in records)
+    return hashlib.sha1(b"tree %d\0" % len(body) + body, usedforsecurity=False).hexdigest()

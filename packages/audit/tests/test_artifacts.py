@@ -1,0 +1,165 @@
+"""sdist, wheel, installed and pypi sources, built from a tiny package inside the tests."""
+
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+import pytest
+
+import forkaudit
+
+from conftest import commit_tree
+
+TINY_FILES = {
+    "pyproject.toml": b"""\
+[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "tinypkg"
+version = "0.1.0"
+readme = "README.md"
+
+[tool.setuptools]
+packages = ["tinypkg"]
+""",
+    "README.md": b"# tinypkg\n",
+    "tinypkg/__init__.py": b"from tinypkg.core import answer\n",
+    "tinypkg/core.py": b"def answer():\n    return 42\n",
+}
+
+
+@dataclass(frozen=True)
+class Tiny:
+    repo: Path
+    sdist: Path
+    wheel: Path
+
+
+def _build(project: Path, hook: str, out: Path) -> Path:
+    """Call setuptools' PEP 517 hook directly: no isolation, no network."""
+    code = f"from setuptools.build_meta import {hook}; print({hook}({str(out)!r}))"
+    name = subprocess.run(
+        [sys.executable, "-c", code], cwd=project, capture_output=True, text=True, check=True
+    ).stdout.split()[-1]
+    return out / name
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
+    root = tmp_path_factory.mktemp("tiny")
+    repo = git.Repo.init(root / "repo", initial_branch="main")
+    with repo.config_writer() as config:
+        config.set_value("user", "name", "Test")
+        config.set_value("user", "email", "test@example.com")
+    commit_tree(repo, TINY_FILES, "tiny 0.1.0")
+    build = root / "build"
+    # Build from an export so that the build's own files never enter the repository.
+    export = root / "export"
+    for path, data in TINY_FILES.items():
+        (export / path).parent.mkdir(parents=True, exist_ok=True)
+        (export / path).write_bytes(data)
+    build.mkdir()
+    return Tiny(
+        root / "repo", _build(export, "build_sdist", build), _build(export, "build_wheel", build)
+    )
+
+
+def test_sdist_matches_its_source_and_lists_what_the_build_added(tiny: Tiny) -> None:
+    report = forkaudit.diff(f"sdist:{tiny.sdist}", f"git:{tiny.repo}@HEAD")
+    assert report.summary()["total"] == 0
+    left_out = {entry["path"]: entry["reason"] for entry in report.left_out}
+    assert left_out.pop("PKG-INFO") == "sdist metadata written by the build"
+    assert left_out.pop("setup.cfg") == "[egg_info] section written by the sdist build"
+    assert left_out, "the egg-info files"
+    assert all(p.startswith("tinypkg.egg-info/") for p in left_out)
+    assert set(left_out.values()) == {"egg-info metadata written by the build"}
+
+
+def test_sdist_against_a_later_commit_shows_the_change(tiny: Tiny, tmp_path: Path) -> None:
+    clone = git.Repo.clone_from(tiny.repo, tmp_path / "later")
+    with clone.config_writer() as config:
+        config.set_value("user", "name", "Test")
+        config.set_value("user", "email", "test@example.com")
+    commit_tree(clone, {**TINY_FILES, "tinypkg/core.py": b"def answer():\n    return 43\n"}, "43")
+    report = forkaudit.diff(f"git:{tmp_path / 'later'}@HEAD", f"sdist:{tiny.sdist}")
+    assert [(f.status, f.path, f.lines_added, f.lines_removed) for f in report.files] == [
+        ("M", "tinypkg/core.py", 1, 1)
+    ]
+
+
+def test_wheel_in_scope_matches_the_source(tiny: Tiny) -> None:
+    report = forkaudit.diff(f"wheel:{tiny.wheel}", f"git:{tiny.repo}", scope="tinypkg/")
+    document = report.to_dict()
+    assert document["summary"]["total"] == 0  # type: ignore[index]
+    assert document["record_mismatches"] == {"fork": [], "upstream": []}
+    fork = document["fork"]
+    assert isinstance(fork, dict)
+    assert fork["files"] == 2
+
+
+def test_installed_files_are_checked_against_record(
+    tiny: Tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site"
+    with zipfile.ZipFile(tiny.wheel) as wheel:  # a pure-Python install is an unpacked wheel
+        wheel.extractall(site)
+    monkeypatch.syspath_prepend(str(site))
+    clean = forkaudit.diff("installed:tinypkg", f"git:{tiny.repo}", scope="tinypkg/")
+    assert clean.summary()["total"] == 0
+    assert clean.verdict()["surprise"] is False
+    (site / "tinypkg" / "core.py").write_bytes(b"def answer():\n    return 0\n")
+    patched = forkaudit.diff("installed:tinypkg", f"git:{tiny.repo}", scope="tinypkg/")
+    assert patched.record_mismatches["fork"] == [
+        {"path": "tinypkg/core.py", "problem": "content does not match its RECORD sha256 hash"}
+    ]
+    assert [(f.status, f.path) for f in patched.files] == [("M", "tinypkg/core.py")]
+    verdict = patched.verdict()
+    assert verdict["surprise"] is True
+    assert verdict["findings"] == [
+        {
+            "stream": "-",
+            "path": "tinypkg/core.py",
+            "area": "other",
+            "reason": "patched after install: content does not match its RECORD sha256 hash",
+        }
+    ]
+
+
+def _isolated_pip_env(monkeypatch: pytest.MonkeyPatch, index_url: str) -> None:
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_INDEX_URL", index_url)
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "")
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+
+
+def test_pypi_spec_reads_pips_index_and_caches(
+    tiny: Tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project_page = tmp_path / "simple" / "tinypkg"
+    project_page.mkdir(parents=True)
+    sha256 = hashlib.sha256(tiny.sdist.read_bytes()).hexdigest()
+    (project_page / "index.html").write_text(
+        f'<a href="{tiny.sdist.as_uri()}#sha256={sha256}">{tiny.sdist.name}</a>\n'
+    )
+    _isolated_pip_env(monkeypatch, (tmp_path / "simple").as_uri())
+    cache = tmp_path / "cache"
+    report = forkaudit.diff("pypi:tinypkg==0.1.0", f"git:{tiny.repo}", cache_dir=cache)
+    assert report.summary()["total"] == 0
+    assert (cache / "tinypkg" / tiny.sdist.name).read_bytes() == tiny.sdist.read_bytes()
+    # Offline now: the cached copy must serve.
+    _isolated_pip_env(monkeypatch, "http://127.0.0.1:9/simple")
+    again = forkaudit.diff("pypi:tinypkg==0.1.0", f"git:{tiny.repo}", cache_dir=cache)
+    assert again.summary()["total"] == 0
+
+
+def test_pypi_offline_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _isolated_pip_env(monkeypatch, "http://127.0.0.1:9/simple")
+    with pytest.raises(forkaudit.FetchError, match=r"no sdist of tinypkg==0\.1\.0 .*unreachable"):
+        forkaudit.diff("pypi:tinypkg==0.1.0", "pypi:tinypkg==0.1.0", cache_dir=tmp_path)
