@@ -73,7 +73,25 @@ def audit_record(
             "findings": Table(
                 ["stream", "path", "reason"],
                 [[f["stream"], f["path"], f["reason"]] for f in findings],
-            )
+            ),
+            "changes": Table(
+                ["status", "path", "area", "streams", "origin", "lines"],
+                [
+                    [
+                        f["status"],
+                        f"{f['old_path']} → {f['path']}" if f["old_path"] else f["path"],
+                        f["category"],
+                        ",".join(f["streams"]) or None,
+                        f["origin"],
+                        "binary" if f["binary"] else f"+{f['lines_added']}/-{f['lines_removed']}",
+                    ]
+                    for f in report["files"]
+                ],
+            ),
+            "left-out": Table(
+                ["path", "side", "reason"],
+                [[f["path"], f["side"], f["reason"]] for f in report.get("left_out", [])],
+            ),
         },
         gates=[Gate.judge("vendor_risk_changes", float(risky_files), "<=", 0.0)],
         artifacts=artifacts,
