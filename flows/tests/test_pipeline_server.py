@@ -98,3 +98,23 @@ def test_milestone_deployment_fails_on_a_failed_gate_after_writing_adrs(
     assert "gate vendor_risk_changes" in str(state["message"])
     audit_adr = (adr_copy / "0012-vendor-fork-audit.md").read_text()
     assert str(flow_run["id"]) in audit_adr
+
+
+def test_nightly_records_a_crashed_stage_and_runs_the_others(
+    deployed: PrefectServer, small_fork: ForkFixture, adr_copy: Path, tmp_path: Path
+) -> None:
+    results = tmp_path / "results"
+    missing = ForkFixture(fork=str(tmp_path / "no-such-fork"), upstream=small_fork.upstream)
+    flow_run = _run_deployment(deployed, "pipeline/nightly", _params(missing, adr_copy, results))
+    state = flow_run["state"]
+    assert isinstance(state, dict)
+    assert state["type"] == "COMPLETED", state
+
+    records = load_latest(results)
+    assert records["audit"].status == "failed"
+    assert "no-such-fork" in str(records["audit"].reason)
+    assert "\n" not in str(records["audit"].reason)
+    assert records["correctness"].status == "passed"
+    status_adr = (adr_copy / "0001-record-architecture-decisions.md").read_text()
+    assert "| audit | 失败 |" in status_adr
+    assert "| correctness | 通过 |" in status_adr
