@@ -1,0 +1,75 @@
+"""Cache write on the H200: INT8 quantize-and-scatter vs the 16-bit copy, against copy bandwidth.
+
+Run on a CUDA device:  python benchmarks/benchmark_cache_write.py
+
+32k new tokens (8 kv heads, head size 128, bf16) written to consecutive slots (prefill) and to
+shuffled slots. Bytes = K/V read + cache bytes written (codes and scales). do_bench medians.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import triton
+
+from kvquant import allocate_cache, cache_write
+from kvquant.ops import cache_write as cache_write_module
+
+NUM_TOKENS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 32768, 8, 128, 16
+
+
+def median_ms(fn: object) -> float:
+    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def copy_bandwidth() -> float:
+    """Device copy bandwidth in GB/s, bytes read plus bytes written, on a 2 GiB buffer."""
+    src = torch.randn(2**29, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / median_ms(lambda: dst.copy_(src)) / 1e6
+
+
+def main() -> None:
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    copy_gbs = copy_bandwidth()
+    print(f"device copy bandwidth: {copy_gbs:.0f} GB/s (read + write)")
+    print(f"{'cache':>8} {'slots':>10} {'ms':>7} {'MB moved':>8} {'GB/s':>6} {'of copy':>7}")
+    shape = (NUM_TOKENS, NUM_KV_HEADS, HEAD_SIZE)
+    key = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    value = torch.randn_like(key)
+    num_blocks = NUM_TOKENS // BLOCK_SIZE
+    for cache_dtype in (torch.int8, torch.bfloat16):
+        cache = allocate_cache(num_blocks, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, cache_dtype, "cuda")
+        written = cache.pages.numel() * cache.pages.element_size()
+        moved = 2 * key.numel() * key.element_size() + written
+        for name, slots in (
+            ("in order", torch.arange(NUM_TOKENS, device="cuda")),
+            ("shuffled", torch.randperm(NUM_TOKENS, device="cuda")),
+        ):
+            ms = median_ms(lambda s=slots, c=cache: cache_write(c, key, value, s, validate=False))
+            gbs = moved / ms / 1e6
+            print(
+                f"{str(cache_dtype).removeprefix('torch.'):>8} {name:>10} {ms:>7.3f} "
+                f"{moved / 1e6:>8.1f} {gbs:>6.0f} {gbs / copy_gbs:>7.2f}"
+            )
+
+
+def sweep() -> None:
+    """INT8 write, slots in order, for each tokens-per-program setting."""
+    key = torch.randn((NUM_TOKENS, NUM_KV_HEADS, HEAD_SIZE), device="cuda", dtype=torch.bfloat16)
+    cache = allocate_cache(
+        NUM_TOKENS // BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, torch.int8, "cuda"
+    )
+    slots = torch.arange(NUM_TOKENS, device="cuda")
+    for tokens in (4, 8, 16, 32, 64):
+        cache_write_module._BLOCK_TOKENS = tokens
+        ms = median_ms(lambda: cache_write(cache, key, key, slots, validate=False))
+        print(f"tokens per program {tokens:>3}: {ms:.3f} ms")
+
+
+if __name__ == "__main__":
+    if "--sweep" in sys.argv:
+        sweep()
+    else:
+        main()

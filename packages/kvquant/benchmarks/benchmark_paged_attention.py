@@ -1,0 +1,140 @@
+"""Decode attention on the H200: INT8 cache vs our 16-bit cache vs PyTorch SDPA on a dense cache.
+
+Run on a CUDA device:  python benchmarks/benchmark_paged_attention.py [--sweep]
+
+Shapes are the issue's: bf16 model, 32 query heads, 8 kv heads, head size 128, block size 16,
+batch 1/16/64 x context 1k/8k/32k. Every sequence has the full context. Times are medians of
+triton.testing.do_bench, which zeroes a 256 MB buffer before each timed call, so no call finds
+the previous call's bytes in the 60 MB L2. Inputs are random and non-zero; validation (one host
+sync) is off in the timed calls. GB/s counts the KV bytes a decode must read, scales included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from collections.abc import Callable
+
+import torch
+import triton
+
+from kvquant import allocate_cache, decode_attention
+from kvquant.ops import paged_attention
+
+NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 32, 8, 128, 16
+MODEL_DTYPE = torch.bfloat16
+BATCHES = (1, 16, 64)
+CONTEXTS = (1024, 8192, 32768)
+
+
+def median_ms(fn: Callable[[], object]) -> float:
+    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def copy_bandwidth() -> float:
+    """Device copy bandwidth in GB/s, bytes read plus bytes written, on a 2 GiB buffer."""
+    src = torch.randn(2**29, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / median_ms(lambda: dst.copy_(src)) / 1e6
+
+
+def kv_bytes(batch: int, context: int, cache_dtype: torch.dtype) -> int:
+    per_token_head = 2 * HEAD_SIZE + 8 if cache_dtype == torch.int8 else 4 * HEAD_SIZE
+    return batch * context * NUM_KV_HEADS * per_token_head
+
+
+class DecodeSetup:
+    """A full paged cache of random data for `batch` sequences of `context` tokens."""
+
+    def __init__(self, batch: int, context: int, cache_dtype: torch.dtype) -> None:
+        pages_per_seq = context // BLOCK_SIZE
+        num_blocks = batch * pages_per_seq
+        self.cache = allocate_cache(
+            num_blocks, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, cache_dtype, "cuda"
+        )
+        if cache_dtype == torch.int8:
+            self.cache.pages.random_(-128, 128)
+            assert self.cache.k_scale is not None and self.cache.v_scale is not None
+            self.cache.k_scale.uniform_(0.005, 0.02)
+            self.cache.v_scale.uniform_(0.005, 0.02)
+        else:
+            self.cache.pages.normal_()
+        order = torch.randperm(num_blocks, device="cuda", dtype=torch.int64)
+        self.block_table = order.view(batch, pages_per_seq).to(torch.int32)
+        self.seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+        self.query = torch.randn(batch, NUM_Q_HEADS, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE)
+        self.out = torch.empty_like(self.query)
+        self.context = context
+
+    def run(self) -> None:
+        decode_attention(
+            self.query,
+            self.cache,
+            self.block_table,
+            self.seq_lens,
+            HEAD_SIZE**-0.5,
+            out=self.out,
+            max_seq_len=self.context,
+            validate=False,
+        )
+
+
+def sdpa_ms(batch: int, context: int) -> float:
+    q = torch.randn(batch, NUM_Q_HEADS, 1, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE)
+    k = torch.randn(batch, NUM_KV_HEADS, context, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE)
+    v = torch.randn_like(k)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return median_ms(lambda: sdpa(q, k, v, enable_gqa=True))
+
+
+def table(copy_gbs: float) -> None:
+    print(f"device copy bandwidth: {copy_gbs:.0f} GB/s (read + write)")
+    print(
+        f"{'batch':>5} {'context':>7} {'int8 ms':>8} {'KV MB':>8} {'GB/s':>6} {'of copy':>7} "
+        f"{'bf16 ms':>8} {'bf16 GB/s':>9} {'vs bf16':>7} {'sdpa ms':>8} {'vs sdpa':>7}"
+    )
+    for batch, context in itertools.product(BATCHES, CONTEXTS):
+        int8 = DecodeSetup(batch, context, torch.int8)
+        int8_ms = median_ms(int8.run)
+        del int8
+        bf16 = DecodeSetup(batch, context, MODEL_DTYPE)
+        bf16_ms = median_ms(bf16.run)
+        del bf16
+        dense_ms = sdpa_ms(batch, context)
+        int8_bytes = kv_bytes(batch, context, torch.int8)
+        gbs = int8_bytes / int8_ms / 1e6
+        bf16_gbs = kv_bytes(batch, context, MODEL_DTYPE) / bf16_ms / 1e6
+        print(
+            f"{batch:>5} {context:>7} {int8_ms:>8.3f} {int8_bytes / 1e6:>8.1f} {gbs:>6.0f} "
+            f"{gbs / copy_gbs:>7.2f} {bf16_ms:>8.3f} {bf16_gbs:>9.0f} {bf16_ms / int8_ms:>6.2f}x "
+            f"{dense_ms:>8.3f} {dense_ms / int8_ms:>6.2f}x",
+            flush=True,
+        )
+
+
+def sweep() -> None:
+    """Time the INT8 decode for each launch setting at batch 16 and 64, context 32k."""
+    setups = {b: DecodeSetup(b, 32768, torch.int8) for b in (16, 64)}
+    print(f"{'tile':>4} {'warps':>5} {'stages':>6} {'prog/SM':>7} {'b16 ms':>7} {'b64 ms':>7}")
+    for tile, warps, stages, per_sm in itertools.product((64, 128), (4, 8), (2, 3), (2, 4, 8)):
+        paged_attention._TILE_N = tile
+        paged_attention._NUM_WARPS = warps
+        paged_attention._NUM_STAGES = stages
+        paged_attention._DECODE_PROGRAMS_PER_SM = per_sm
+        times = [median_ms(setups[b].run) for b in (16, 64)]
+        print(f"{tile:>4} {warps:>5} {stages:>6} {per_sm:>7} {times[0]:>7.3f} {times[1]:>7.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sweep", action="store_true", help="sweep launch settings instead")
+    args = parser.parse_args()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    if args.sweep:
+        sweep()
+    else:
+        table(copy_bandwidth())
+
+
+if __name__ == "__main__":
+    main()

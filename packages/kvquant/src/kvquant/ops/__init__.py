@@ -1,0 +1,1 @@
+"""Triton kernels, one family per module: each holds its kernels and then their launchers."""

@@ -1,0 +1,186 @@
+"""Paged cache write: quantize new K/V per (token, kv head) to INT8 and scatter them into pages.
+
+The 16-bit variant is the same kernel with quantization compiled out (QUANTIZE=False).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._cache import PagedKVCache
+from .._errors import InvalidInputError
+from ._common import ACTIVATION_DTYPES, check_runnable, check_tensor, next_power_of_2
+
+# Tokens per program. Swept 4-64 on the H200 (benchmark_cache_write.py --sweep, NOTES.md): 16 and
+# 32 tie (0.096 / 0.093 ms for 32k tokens), 4, 8 and 64 are 20-60% slower.
+_BLOCK_TOKENS = 16
+
+
+@triton.jit
+def _quantize_rows(x):
+    """Per row of fp32 ``x [T, D]``: int8 codes [T, D] and fp32 scales [T], upstream's numerics.
+
+    Padding columns must hold 0. Rows with NaN/inf get scale NaN and zero codes.
+    """
+    bad = tl.sum(((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32), axis=1) > 0
+    absmax = tl.max(tl.abs(x), axis=1)
+    # div_rn: IEEE division, as torch computes it; plain `/` compiles to an approximate divide.
+    scale = tl.maximum(tl.math.div_rn(absmax, 127.0), 1e-6)
+    inverse = tl.math.div_rn(tl.zeros_like(scale) + 1.0, scale)
+    scaled = x * inverse[:, None]
+    scaled = tl.where(bad[:, None], 0.0, scaled)
+    # Round half away from zero: truncate, then step away from zero when the remainder is >= 0.5.
+    # Compared as `scaled >= whole + 0.5` (exact), not `scaled - whole >= 0.5`: the subtraction
+    # would be fused with the multiply above into an FMA that sees the unrounded product, which
+    # flipped about 0.03% of codes on the H200.
+    whole = scaled.to(tl.int32).to(tl.float32)
+    rounded = whole + tl.where(
+        scaled >= whole + 0.5, 1.0, tl.where(scaled <= whole - 0.5, -1.0, 0.0)
+    )
+    codes = tl.minimum(tl.maximum(rounded, -128.0), 127.0).to(tl.int8)
+    return codes, tl.where(bad, float("nan"), scale)
+
+
+@triton.jit
+def _cache_write_kernel(
+    # Inputs
+    key_ptr,  # [num_tokens, num_kv_heads, head_size] fp16/bf16
+    value_ptr,  # [num_tokens, num_kv_heads, head_size] fp16/bf16
+    slot_mapping_ptr,  # [num_tokens] int32/int64; negative = padding, skipped
+    # Outputs
+    k_cache_ptr,  # [num_blocks, num_kv_heads, block_size, head_size]
+    v_cache_ptr,  # [num_blocks, num_kv_heads, head_size, block_size]
+    k_scale_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; unused unless QUANTIZE
+    v_scale_ptr,
+    # Sizes and strides
+    num_tokens,
+    stride_key_t: tl.int64,
+    stride_key_h: tl.int64,
+    stride_value_t: tl.int64,
+    stride_value_h: tl.int64,
+    stride_kc_b: tl.int64,
+    stride_kc_h: tl.int64,
+    stride_vc_b: tl.int64,
+    stride_vc_h: tl.int64,
+    stride_scale_b: tl.int64,
+    stride_scale_h: tl.int64,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_TOKENS: tl.constexpr,
+    QUANTIZE: tl.constexpr,
+):
+    token_tile = tl.program_id(0)
+    head = tl.program_id(1).to(tl.int64)
+    tokens = token_tile * BLOCK_TOKENS + tl.arange(0, BLOCK_TOKENS)  # [T]
+    dims = tl.arange(0, HEAD_PAD)  # [D]
+    slots = tl.load(slot_mapping_ptr + tokens, mask=tokens < num_tokens, other=-1).to(tl.int64)
+    live = slots >= 0
+    block = tl.where(live, slots // BLOCK_SIZE, 0)
+    offset = tl.where(live, slots % BLOCK_SIZE, 0)
+    mask = live[:, None] & (dims[None, :] < HEAD_SIZE)  # [T, D]
+
+    tokens64 = tokens.to(tl.int64)
+    key = tl.load(
+        key_ptr + tokens64[:, None] * stride_key_t + head * stride_key_h + dims[None, :],
+        mask=mask,
+        other=0.0,
+    )
+    value = tl.load(
+        value_ptr + tokens64[:, None] * stride_value_t + head * stride_value_h + dims[None, :],
+        mask=mask,
+        other=0.0,
+    )
+    k_dst = k_cache_ptr + block[:, None] * stride_kc_b + head * stride_kc_h
+    k_dst += offset[:, None] * HEAD_SIZE + dims[None, :]
+    v_dst = v_cache_ptr + block[:, None] * stride_vc_b + head * stride_vc_h
+    v_dst += dims[None, :] * BLOCK_SIZE + offset[:, None]
+    if QUANTIZE:
+        k_codes, k_scale = _quantize_rows(key.to(tl.float32))
+        v_codes, v_scale = _quantize_rows(value.to(tl.float32))
+        tl.store(k_dst, k_codes, mask=mask)
+        tl.store(v_dst, v_codes, mask=mask)
+        scale_dst = block * stride_scale_b + head * stride_scale_h + offset
+        tl.store(k_scale_ptr + scale_dst, k_scale, mask=live)
+        tl.store(v_scale_ptr + scale_dst, v_scale, mask=live)
+    else:
+        tl.store(k_dst, key.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_dst, value.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def cache_write(
+    cache: PagedKVCache,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    validate: bool = True,
+) -> None:
+    """Quantize (INT8 cache) or copy (16-bit cache) new tokens into ``cache`` in place.
+
+    Args:
+        key, value: ``[num_tokens, num_kv_heads, head_size]`` fp16/bf16; head dim contiguous.
+        slot_mapping: int32/int64 ``[num_tokens]``; ``block * block_size + offset``, or negative
+            for a padding token that is skipped.
+        validate: check slot_mapping's range on the device first (one host sync). Turn off only
+            for inputs already known good, e.g. inside a CUDA graph.
+    """
+    device = cache.device
+    num_tokens = key.shape[0] if isinstance(key, torch.Tensor) and key.dim() > 0 else 0
+    shape = (num_tokens, cache.num_kv_heads, cache.head_size)
+    check_tensor("key", key, dtypes=ACTIVATION_DTYPES, shape=shape, device=device)
+    check_tensor("value", value, dtypes=ACTIVATION_DTYPES, shape=shape, device=device)
+    check_tensor(
+        "slot_mapping",
+        slot_mapping,
+        dtypes=(torch.int32, torch.int64),
+        shape=(num_tokens,),
+        device=device,
+    )
+    if not cache.is_quantized and (key.dtype != cache.dtype or value.dtype != cache.dtype):
+        raise InvalidInputError(
+            f"`key`/`value` have dtype {key.dtype}/{value.dtype}; a 16-bit cache of "
+            f"{cache.dtype} takes the same dtype"
+        )
+    if key.stride(-1) != 1 or value.stride(-1) != 1:
+        raise InvalidInputError("`key`/`value` must have a contiguous last (head) dimension")
+    num_slots = cache.num_blocks * cache.block_size
+    if validate and num_tokens > 0 and int(slot_mapping.max()) >= num_slots:
+        raise InvalidInputError(
+            f"`slot_mapping` holds {int(slot_mapping.max())}; expected < num_blocks * block_size "
+            f"= {num_slots}"
+        )
+    check_runnable("key", key)
+    if num_tokens == 0:
+        return
+    # A 16-bit cache has no scales; the kernel never touches these pointers then.
+    k_scale = cache.k_scale if cache.k_scale is not None else cache.k
+    v_scale = cache.v_scale if cache.v_scale is not None else cache.v
+    grid = (triton.cdiv(num_tokens, _BLOCK_TOKENS), cache.num_kv_heads)
+    _cache_write_kernel[grid](
+        key,
+        value,
+        slot_mapping,
+        cache.k,
+        cache.v,
+        k_scale,
+        v_scale,
+        num_tokens,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        cache.k.stride(0),
+        cache.k.stride(1),
+        cache.v.stride(0),
+        cache.v.stride(1),
+        k_scale.stride(0),
+        k_scale.stride(1),
+        HEAD_SIZE=cache.head_size,
+        HEAD_PAD=next_power_of_2(cache.head_size),
+        BLOCK_SIZE=cache.block_size,
+        BLOCK_TOKENS=_BLOCK_TOKENS,
+        QUANTIZE=cache.is_quantized,
+    )

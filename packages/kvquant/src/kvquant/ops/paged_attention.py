@@ -1,0 +1,682 @@
+"""Paged attention over the INT8 (or 16-bit) cache: decode with split-KV, and varlen prefill.
+
+One kernel serves both. A program owns one kv head and a tile of query rows: BLOCK_Q query tokens
+times all GROUP query heads that share the kv head, so each K/V byte is loaded once per tile. It
+walks KV tiles of TILE_N tokens (possibly only its split's share of them) with an online softmax.
+With more than one split, each program writes an unnormalised partial result and
+``_reduce_splits_kernel`` combines them (flash-decoding).
+
+INT8 specifics (why they are done this way):
+- Codes convert to fp16 exactly, so both dots run in fp16 whatever the model dtype. A bf16 query
+  is first scaled by a power of two so its largest element lies in [1, 2): exact, and fp16 then
+  holds every bf16 value of it; the power is folded back into the softmax scale.
+- K scales multiply score columns and V scales multiply P columns, never the code tiles. P times
+  the V scale is divided by the tile's largest V scale so it stays in [0, 1] (no fp16 overflow on
+  huge values), and that maximum multiplies the dot's [rows, head] result instead.
+- The 16-bit path multiplies in the cache dtype; only under the interpreter (DOT_IN_FP32) are
+  the 16-bit operands widened to fp32, because it mishandles bf16 dots.
+- On CUDA the int8 -> fp16 conversion uses a byte-permute trick (FAST_CONVERT), see
+  ``_codes_to_f16``.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import torch
+import triton
+import triton.language as tl
+
+from .._cache import PagedKVCache
+from .._errors import InvalidInputError
+from ._common import (
+    ACTIVATION_DTYPES,
+    check_runnable,
+    check_tensor,
+    interpreted,
+    next_power_of_2,
+)
+
+# Scores are kept in log2 units so the softmax can use exp2.
+_LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+
+# Tokens per KV tile; a multiple of every block size. 128 beat 64 by 20-30% in the H200 sweep
+# (NOTES.md).
+_TILE_N = 128
+# Query rows (query tokens x query heads of one kv head) per prefill program.
+_PREFILL_ROWS = 64
+# Decode programs wanted in flight per SM; split-KV raises the program count up to this.
+# Measured (benchmark --sweep, 2, 4, 8): 8 was 8% faster than 4 at batch 16 / 32k and 2% slower
+# at batch 64 / 32k.
+_DECODE_PROGRAMS_PER_SM = 8
+# Warps and pipeline stages of the attention kernel, from the benchmark's --sweep on the H200
+# (NOTES.md): 4 warps beat 8 by 30-45%, 3 stages beat 2 by 8-14% with 128-token tiles.
+_NUM_WARPS = 4
+_NUM_STAGES = 3
+
+# Four int8 codes in one 32-bit register -> four fp16 in two registers. Flipping the sign bit
+# gives c + 128 as an unsigned byte; placing it under the fp16 exponent of 1024 (0x64XX) gives
+# the fp16 number 1024 + c + 128 exactly; subtracting 1152 (0x6480) leaves c. Five instructions
+# per four codes instead of a sign extension and an int->float conversion per code.
+_INT8X4_TO_F16X4_PTX = tl.constexpr(
+    """
+{
+.reg .b32 biased, bias;
+xor.b32 biased, $2, 0x80808080;
+mov.b32 bias, 0x64806480;
+prmt.b32 $0, biased, 0x64646464, 0x4140;
+prmt.b32 $1, biased, 0x64646464, 0x4342;
+sub.rn.f16x2 $0, $0, bias;
+sub.rn.f16x2 $1, $1, bias;
+}
+"""
+)
+
+
+@triton.jit
+def _codes_to_f16(codes, FAST_CONVERT: tl.constexpr):
+    """int8 codes -> fp16, exact either way; FAST_CONVERT needs a CUDA target (inline PTX)."""
+    if FAST_CONVERT:
+        return tl.inline_asm_elementwise(
+            _INT8X4_TO_F16X4_PTX, "=r,=r,r", [codes], dtype=tl.float16, is_pure=True, pack=4
+        )
+    else:
+        return codes.to(tl.float16)
+
+
+@triton.jit
+def _paged_attention_kernel(
+    # Outputs
+    out_ptr,  # [total_q, num_q_heads, head_size] query dtype; written iff NUM_SPLITS == 1
+    partial_acc_ptr,  # [total_q, num_q_heads, NUM_SPLITS, head_size] fp32; iff NUM_SPLITS > 1
+    partial_max_ptr,  # [total_q, num_q_heads, NUM_SPLITS] fp32, log2 units
+    partial_sum_ptr,  # [total_q, num_q_heads, NUM_SPLITS] fp32
+    # Inputs
+    q_ptr,  # [total_q, num_q_heads, head_size] fp16/bf16
+    k_ptr,  # [num_blocks, num_kv_heads, block_size, head_size] int8 or query dtype
+    v_ptr,  # [num_blocks, num_kv_heads, head_size, block_size]
+    k_scale_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; iff QUANTIZED
+    v_scale_ptr,
+    block_table_ptr,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens_ptr,  # [num_seqs] keys per sequence, the new tokens included
+    cu_seqlens_q_ptr,  # [num_seqs + 1]; iff not IS_DECODE
+    tile_seq_ptr,  # [grid0] sequence of each query tile; iff not IS_DECODE
+    tile_start_ptr,  # [grid0] first query token of the tile, within its sequence
+    # Scalars
+    softmax_scale,
+    softcap,  # iff USE_SOFTCAP
+    sliding_window,  # iff USE_WINDOW
+    tiles_per_split,
+    # Strides
+    stride_q_t: tl.int64,
+    stride_q_h: tl.int64,
+    stride_o_t: tl.int64,
+    stride_o_h: tl.int64,
+    stride_k_b: tl.int64,
+    stride_k_h: tl.int64,
+    stride_v_b: tl.int64,
+    stride_v_h: tl.int64,
+    stride_s_b: tl.int64,
+    stride_s_h: tl.int64,
+    stride_bt: tl.int64,
+    # Shapes and features
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    IS_DECODE: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+    FAST_CONVERT: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+):
+    ROWS: tl.constexpr = BLOCK_Q * GROUP_PAD
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    if IS_DECODE:
+        seq = tl.program_id(0)
+        q_first = seq  # row of the sequence's query token in q_ptr
+        q_len = 1
+        tile_start = 0
+    else:
+        seq = tl.load(tile_seq_ptr + tl.program_id(0))
+        q_first = tl.load(cu_seqlens_q_ptr + seq)
+        q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_first
+        tile_start = tl.load(tile_start_ptr + tl.program_id(0))
+    seq_len = tl.load(seq_lens_ptr + seq)
+
+    # ---- Query rows: row r is query token r // GROUP_PAD, query head r % GROUP_PAD ----
+    rows = tl.arange(0, ROWS)
+    row_token = tile_start + rows // GROUP_PAD  # within the sequence's new tokens
+    row_head = kv_head * GROUP + rows % GROUP_PAD
+    row_valid = (row_token < q_len) & (rows % GROUP_PAD < GROUP)
+    row_pos = seq_len - q_len + row_token  # key position of the query token itself
+    dims = tl.arange(0, HEAD_PAD)
+    dim_valid = dims < HEAD_SIZE
+    q_offsets = (q_first + row_token).to(tl.int64)[:, None] * stride_q_t
+    q_offsets += row_head.to(tl.int64)[:, None] * stride_q_h + dims[None, :]
+    q = tl.load(q_ptr + q_offsets, mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
+
+    if QUANTIZED:
+        # Exact power-of-two rescale so fp16 holds the query; undone in score_scale.
+        q32 = q.to(tl.float32)
+        q_absmax = tl.max(tl.max(tl.abs(q32), axis=1), axis=0)
+        exponent = ((q_absmax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        exponent = tl.minimum(tl.maximum(exponent, -100), 100)
+        q = (q32 * ((127 - exponent) << 23).to(tl.float32, bitcast=True)).to(tl.float16)
+        score_scale = softmax_scale * ((127 + exponent) << 23).to(tl.float32, bitcast=True)
+    else:
+        score_scale = softmax_scale
+    if not USE_SOFTCAP:
+        score_scale = score_scale * _LOG2E
+
+    # ---- Key range of this program ----
+    last_key = seq_len - q_len + tl.minimum(tile_start + BLOCK_Q, q_len) - 1
+    first_key = 0
+    if USE_WINDOW:
+        first_key = tl.maximum(seq_len - q_len + tile_start - sliding_window + 1, 0)
+    tile_lo = first_key // TILE_N + split * tiles_per_split
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, last_key // TILE_N + 1)
+    if NUM_SPLITS == 1:
+        tile_hi = last_key // TILE_N + 1
+
+    running_max = tl.full([ROWS], float("-inf"), tl.float32)
+    running_sum = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, HEAD_PAD], tl.float32)
+    block_table_row = block_table_ptr + seq.to(tl.int64) * stride_bt
+    kv_head64 = kv_head.to(tl.int64)
+    for tile in range(tile_lo, tile_hi):
+        keys = tile * TILE_N + tl.arange(0, TILE_N)  # [N]
+        key_valid = (keys >= first_key) & (keys <= last_key)
+        page = tl.load(block_table_row + keys // BLOCK_SIZE, mask=keys <= last_key, other=0)
+        page = page.to(tl.int64)
+        slot = keys % BLOCK_SIZE
+        # K tile [N, D], token-major; V tile [D, N], transposed within the page.
+        k_offsets = page[:, None] * stride_k_b + kv_head64 * stride_k_h
+        k_offsets += slot[:, None] * HEAD_SIZE + dims[None, :]
+        v_offsets = page[None, :] * stride_v_b + kv_head64 * stride_v_h
+        v_offsets += dims[:, None] * BLOCK_SIZE + slot[None, :]
+        k = tl.load(k_ptr + k_offsets, mask=key_valid[:, None] & dim_valid[None, :], other=0)
+        v = tl.load(v_ptr + v_offsets, mask=dim_valid[:, None] & key_valid[None, :], other=0)
+        if QUANTIZED:
+            scale_offsets = page * stride_s_b + kv_head64 * stride_s_h + slot
+            k_scale = tl.load(k_scale_ptr + scale_offsets, mask=key_valid, other=0.0)
+            v_scale = tl.load(v_scale_ptr + scale_offsets, mask=key_valid, other=0.0)
+            k = _codes_to_f16(k, FAST_CONVERT)
+            v = _codes_to_f16(v, FAST_CONVERT)
+            scores = tl.dot(q, tl.trans(k)) * (k_scale * score_scale)[None, :]  # [M, N]
+        elif DOT_IN_FP32:
+            scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            scores = scores * score_scale
+        else:
+            scores = tl.dot(q, tl.trans(k)) * score_scale
+        if USE_SOFTCAP:
+            # softcap * tanh(s / softcap), tanh through exp2 so large |s| saturates cleanly.
+            two_x = scores * (2.0 * _LOG2E / softcap)
+            scores = softcap * (1.0 - 2.0 / (tl.exp2(two_x) + 1.0)) * _LOG2E
+        if IS_DECODE:
+            visible = key_valid[None, :]
+        else:
+            visible = key_valid[None, :] & (keys[None, :] <= row_pos[:, None])
+            if USE_WINDOW:
+                visible &= keys[None, :] > row_pos[:, None] - sliding_window
+        scores = tl.where(visible, scores, float("-inf"))
+
+        # ---- Online softmax (log2 units); a row with nothing visible yet keeps max -inf ----
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        correction = tl.exp2(running_max - safe_max)
+        p = tl.exp2(scores - safe_max[:, None])
+        running_sum = running_sum * correction + tl.sum(p, axis=1)
+        running_max = new_max
+        if QUANTIZED:
+            # Largest finite V scale of the tile: NaN scales stay in their own columns.
+            tile_v_max = tl.max(tl.where(v_scale == v_scale, v_scale, 0.0), axis=0)
+            tile_v_max = tl.maximum(tile_v_max, 1e-6)
+            p = p * (v_scale / tile_v_max)[None, :]
+            # 0 * NaN would leak a poisoned token into rows that cannot see it (NaN policy).
+            p = tl.where(visible, p, 0.0)
+            pv = tl.dot(p.to(tl.float16), tl.trans(v))
+            acc = acc * correction[:, None] + pv * tile_v_max
+        elif DOT_IN_FP32:
+            # Rounded to the cache dtype first, as on the GPU path, then multiplied exactly.
+            p16 = p.to(v.dtype).to(tl.float32)
+            pv = tl.dot(p16, tl.trans(v.to(tl.float32)), input_precision="ieee")
+            acc = acc * correction[:, None] + pv
+        else:
+            acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), tl.trans(v))
+
+    # ---- Epilogue ----
+    out_rows = (q_first + row_token).to(tl.int64)
+    store_mask = row_valid[:, None] & dim_valid[None, :]
+    if NUM_SPLITS == 1:
+        result = acc / running_sum[:, None]
+        o_offsets = out_rows[:, None] * stride_o_t + row_head.to(tl.int64)[:, None] * stride_o_h
+        tl.store(
+            out_ptr + o_offsets + dims[None, :],
+            result.to(out_ptr.dtype.element_ty),
+            mask=store_mask,
+        )
+    else:
+        stat_offsets = (out_rows * tl.num_programs(1) * GROUP + row_head) * NUM_SPLITS + split
+        tl.store(partial_max_ptr + stat_offsets, running_max, mask=row_valid)
+        tl.store(partial_sum_ptr + stat_offsets, running_sum, mask=row_valid)
+        tl.store(
+            partial_acc_ptr + stat_offsets[:, None] * HEAD_SIZE + dims[None, :],
+            acc,
+            mask=store_mask,
+        )
+
+
+@triton.jit
+def _reduce_splits_kernel(
+    out_ptr,  # [total_q, num_q_heads, head_size] query dtype
+    partial_acc_ptr,  # [total_q, num_q_heads, NUM_SPLITS, head_size] fp32
+    partial_max_ptr,  # [total_q, num_q_heads, NUM_SPLITS] fp32, log2 units
+    partial_sum_ptr,  # [total_q, num_q_heads, NUM_SPLITS] fp32
+    stride_o_t: tl.int64,
+    stride_o_h: tl.int64,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, HEAD_PAD)
+    base = (token * tl.num_programs(1) + head) * NUM_SPLITS
+    split_valid = splits < NUM_SPLITS
+    split_max = tl.load(partial_max_ptr + base + splits, mask=split_valid, other=float("-inf"))
+    split_sum = tl.load(partial_sum_ptr + base + splits, mask=split_valid, other=0.0)
+    split_acc = tl.load(
+        partial_acc_ptr + (base + splits)[:, None] * HEAD_SIZE + dims[None, :],
+        mask=split_valid[:, None] & (dims[None, :] < HEAD_SIZE),
+        other=0.0,
+    )
+    overall_max = tl.max(split_max, axis=0)
+    overall_max = tl.where(overall_max == float("-inf"), 0.0, overall_max)
+    weight = tl.exp2(split_max - overall_max)  # an empty split has max -inf: weight 0
+    total = tl.sum(split_sum * weight, axis=0)
+    result = tl.sum(split_acc * weight[:, None], axis=0) / total
+    tl.store(
+        out_ptr + token * stride_o_t + head * stride_o_h + dims,
+        result.to(out_ptr.dtype.element_ty),
+        mask=dims < HEAD_SIZE,
+    )
+
+
+@functools.cache
+def _multiprocessor_count(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+def choose_num_splits(
+    num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device
+) -> int:
+    """Split-KV count for decode: enough programs to fill the GPU, never an empty split.
+
+    One program per (sequence, kv head) fills the GPU at large batch; below that, each
+    sequence's tiles are shared among splits until about _DECODE_PROGRAMS_PER_SM programs per SM
+    exist.
+    """
+    num_tiles = max(triton.cdiv(max_seq_len, _TILE_N), 1)
+    sms = _multiprocessor_count(device.index or 0) if device.type == "cuda" else 8
+    wanted = triton.cdiv(sms * _DECODE_PROGRAMS_PER_SM, max(num_seqs * num_kv_heads, 1))
+    splits = min(max(wanted, 1), num_tiles)
+    # Rounding: every split gets the same whole number of tiles and the last one is not empty.
+    return triton.cdiv(num_tiles, triton.cdiv(num_tiles, splits))
+
+
+def _check_attention_inputs(
+    query: torch.Tensor,
+    cache: PagedKVCache,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    softmax_scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+    out: torch.Tensor | None,
+) -> None:
+    device = cache.device
+    num_seqs = seq_lens.shape[0] if isinstance(seq_lens, torch.Tensor) and seq_lens.dim() else 0
+    check_tensor(
+        "query", query, dtypes=ACTIVATION_DTYPES, shape=(None, None, cache.head_size), device=device
+    )
+    num_q_heads = query.shape[1]
+    if num_q_heads % cache.num_kv_heads != 0:
+        raise InvalidInputError(
+            f"`query` has {num_q_heads} heads; expected a multiple of the cache's "
+            f"{cache.num_kv_heads} kv heads"
+        )
+    if query.stride(-1) != 1:
+        raise InvalidInputError("`query` must have a contiguous last (head) dimension")
+    if not cache.is_quantized and cache.dtype != query.dtype:
+        raise InvalidInputError(
+            f"`query` has dtype {query.dtype}; a 16-bit cache of {cache.dtype} needs the same"
+        )
+    check_tensor(
+        "seq_lens", seq_lens, dtypes=(torch.int32, torch.int64), shape=(num_seqs,), device=device
+    )
+    check_tensor(
+        "block_table", block_table, dtypes=(torch.int32,), shape=(num_seqs, None), device=device
+    )
+    if block_table.stride(-1) != 1:
+        raise InvalidInputError("`block_table` must have a contiguous last dimension")
+    if out is not None:
+        check_tensor(
+            "out", out, dtypes=(query.dtype, torch.float32), shape=tuple(query.shape), device=device
+        )
+        if out.stride(-1) != 1:
+            raise InvalidInputError("`out` must have a contiguous last (head) dimension")
+    if not softmax_scale > 0:
+        raise InvalidInputError(f"`softmax_scale` is {softmax_scale}; expected > 0")
+    if sliding_window is not None and sliding_window < 1:
+        raise InvalidInputError(f"`sliding_window` is {sliding_window}; expected >= 1 or None")
+    if softcap is not None and not softcap > 0:
+        raise InvalidInputError(f"`softcap` is {softcap}; expected > 0 or None")
+
+
+def _check_block_table(
+    cache: PagedKVCache, block_table: torch.Tensor, seq_lens: torch.Tensor
+) -> int:
+    """Check every page a sequence uses lies in the cache (one host sync); return max seq_len."""
+    if seq_lens.numel() == 0:
+        return 0
+    pages_needed = (seq_lens.long() + cache.block_size - 1) // cache.block_size
+    columns = torch.arange(block_table.shape[1], device=block_table.device)
+    used = columns[None, :] < pages_needed[:, None]
+    outside = used & ((block_table < 0) | (block_table >= cache.num_blocks))
+    stats = torch.stack(
+        [seq_lens.max().long(), seq_lens.min().long(), pages_needed.max(), outside.sum()]
+    )
+    max_len, min_len, max_pages, outside_count = stats.tolist()
+    if min_len < 0:
+        raise InvalidInputError(f"`seq_lens` holds {min_len}; expected >= 0")
+    if max_pages > block_table.shape[1]:
+        raise InvalidInputError(
+            f"`seq_lens` holds {max_len}, which needs {max_pages} pages; `block_table` has "
+            f"{block_table.shape[1]} columns"
+        )
+    if outside_count:
+        raise InvalidInputError(
+            f"`block_table` points past the cache in {outside_count} used entries; expected "
+            f"pages in [0, {cache.num_blocks})"
+        )
+    return int(max_len)
+
+
+def _launch(
+    query: torch.Tensor,
+    cache: PagedKVCache,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    grid0: int,
+    block_q: int,
+    num_splits: int,
+    tiles_per_split: int,
+    softmax_scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+    cu_seqlens_q: torch.Tensor | None,
+    tile_seq: torch.Tensor | None,
+    tile_start: torch.Tensor | None,
+) -> None:
+    group = query.shape[1] // cache.num_kv_heads
+    group_pad = next_power_of_2(group)
+    if block_q * group_pad < 16:  # tl.dot needs at least 16 rows
+        group_pad = 16 // block_q
+    head_pad = next_power_of_2(cache.head_size)
+    total_q, num_q_heads = query.shape[0], query.shape[1]
+    if num_splits > 1:
+        partial_acc = torch.empty(
+            total_q,
+            num_q_heads,
+            num_splits,
+            cache.head_size,
+            dtype=torch.float32,
+            device=query.device,
+        )
+        partial_max = torch.empty(
+            total_q, num_q_heads, num_splits, dtype=torch.float32, device=query.device
+        )
+        partial_sum = torch.empty_like(partial_max)
+    else:  # never dereferenced: NUM_SPLITS == 1 writes `out` directly
+        partial_acc = partial_max = partial_sum = out
+    # Pointers a mode never dereferences get any valid tensor.
+    k_scale = cache.k_scale if cache.k_scale is not None else cache.k
+    v_scale = cache.v_scale if cache.v_scale is not None else cache.v
+    unused_index = seq_lens
+    _paged_attention_kernel[(grid0, cache.num_kv_heads, num_splits)](
+        out,
+        partial_acc,
+        partial_max,
+        partial_sum,
+        query,
+        cache.k,
+        cache.v,
+        k_scale,
+        v_scale,
+        block_table,
+        seq_lens,
+        cu_seqlens_q if cu_seqlens_q is not None else unused_index,
+        tile_seq if tile_seq is not None else unused_index,
+        tile_start if tile_start is not None else unused_index,
+        softmax_scale,
+        softcap if softcap is not None else 1.0,
+        sliding_window if sliding_window is not None else 1,
+        tiles_per_split,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        cache.k.stride(0),
+        cache.k.stride(1),
+        cache.v.stride(0),
+        cache.v.stride(1),
+        k_scale.stride(0),
+        k_scale.stride(1),
+        block_table.stride(0),
+        HEAD_SIZE=cache.head_size,
+        HEAD_PAD=head_pad,
+        BLOCK_SIZE=cache.block_size,
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        BLOCK_Q=block_q,
+        TILE_N=_TILE_N,
+        NUM_SPLITS=num_splits,
+        IS_DECODE=cu_seqlens_q is None,
+        QUANTIZED=cache.is_quantized,
+        FAST_CONVERT=_fast_convert(query.device),
+        # Triton's interpreter multiplies bf16 tiles as raw integers; give it fp32 (exact here).
+        DOT_IN_FP32=interpreted() and not cache.is_quantized,
+        USE_SOFTCAP=softcap is not None,
+        USE_WINDOW=sliding_window is not None,
+        num_warps=_NUM_WARPS,
+        num_stages=_NUM_STAGES,
+    )
+    if num_splits > 1:
+        _reduce_splits_kernel[(total_q, num_q_heads)](
+            out,
+            partial_acc,
+            partial_max,
+            partial_sum,
+            out.stride(0),
+            out.stride(1),
+            HEAD_SIZE=cache.head_size,
+            HEAD_PAD=head_pad,
+            NUM_SPLITS=num_splits,
+            SPLITS_PAD=next_power_of_2(num_splits),
+        )
+
+
+def _fast_convert(device: torch.device) -> bool:
+    """The PTX conversion runs on NVIDIA GPUs only: not in the interpreter, not on ROCm."""
+    return device.type == "cuda" and torch.version.hip is None and not interpreted()
+
+
+def decode_attention(
+    query: torch.Tensor,
+    cache: PagedKVCache,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    softmax_scale: float,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    out: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Attention of one new query token per sequence over its paged K/V.
+
+    Args:
+        query: ``[num_seqs, num_q_heads, head_size]`` fp16/bf16; query head h uses kv head
+            ``h // (num_q_heads // num_kv_heads)``.
+        block_table: int32 ``[num_seqs, max_pages]``: page i of a sequence holds its keys
+            ``i * block_size ...``.
+        seq_lens: ``[num_seqs]`` keys per sequence (>= 1), the query token's own included.
+        sliding_window: attend only the newest ``sliding_window`` keys.
+        softcap: logits become ``softcap * tanh(logits / softcap)``.
+        max_seq_len: upper bound of seq_lens, sizes split-KV; read from seq_lens if None.
+        num_splits: force a split-KV count (tests); chosen by ``choose_num_splits`` if None.
+        validate: check seq_lens and block_table on the device first (one host sync).
+
+    Returns:
+        ``out`` (allocated if None), ``[num_seqs, num_q_heads, head_size]`` in query's dtype.
+    """
+    _check_attention_inputs(
+        query, cache, block_table, seq_lens, softmax_scale, sliding_window, softcap, out
+    )
+    num_seqs = seq_lens.shape[0]
+    if query.shape[0] != num_seqs:
+        raise InvalidInputError(
+            f"`query` has {query.shape[0]} tokens; decode expects one per sequence ({num_seqs})"
+        )
+    if validate:
+        checked_max = _check_block_table(cache, block_table, seq_lens)
+        if num_seqs and int(seq_lens.min()) < 1:
+            raise InvalidInputError("`seq_lens` holds 0; decode needs >= 1 key per sequence")
+        max_seq_len = checked_max if max_seq_len is None else max_seq_len
+    check_runnable("query", query)
+    result = out if out is not None else torch.empty_like(query)
+    if num_seqs == 0:
+        return result
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max())
+    span = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window + _TILE_N)
+    num_tiles = max(triton.cdiv(span, _TILE_N), 1)
+    if num_splits is None:
+        num_splits = choose_num_splits(num_seqs, cache.num_kv_heads, span, query.device)
+    num_splits = max(1, min(num_splits, num_tiles))
+    tiles_per_split = triton.cdiv(num_tiles, num_splits)
+    num_splits = triton.cdiv(num_tiles, tiles_per_split)
+    _launch(
+        query,
+        cache,
+        block_table,
+        seq_lens,
+        result,
+        grid0=num_seqs,
+        block_q=1,
+        num_splits=num_splits,
+        tiles_per_split=tiles_per_split,
+        softmax_scale=softmax_scale,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        cu_seqlens_q=None,
+        tile_seq=None,
+        tile_start=None,
+    )
+    return result
+
+
+def prefill_attention(
+    query: torch.Tensor,
+    cache: PagedKVCache,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    softmax_scale: float,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal varlen (chunked) prefill over the paged cache; the new tokens must be written first.
+
+    Sequence i's queries are rows ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]`` of ``query``, its newest
+    ``q_len_i`` tokens; each attends the cached prefix and the new tokens up to itself.
+
+    Args:
+        query: ``[total_q, num_q_heads, head_size]`` fp16/bf16.
+        seq_lens: ``[num_seqs]`` keys per sequence (prefix plus new tokens), ``>= q_len_i``.
+        cu_seqlens_q: int32/int64 ``[num_seqs + 1]``, starts at 0, non-decreasing.
+
+    Returns:
+        ``out`` (allocated if None), ``[total_q, num_q_heads, head_size]`` in query's dtype.
+    """
+    _check_attention_inputs(
+        query, cache, block_table, seq_lens, softmax_scale, sliding_window, softcap, out
+    )
+    num_seqs = seq_lens.shape[0]
+    check_tensor(
+        "cu_seqlens_q",
+        cu_seqlens_q,
+        dtypes=(torch.int32, torch.int64),
+        shape=(num_seqs + 1,),
+        device=cache.device,
+    )
+    starts = cu_seqlens_q.tolist()
+    q_lens = [end - begin for begin, end in itertools.pairwise(starts)]
+    if starts[0] != 0 or starts[-1] != query.shape[0] or min(q_lens, default=0) < 0:
+        raise InvalidInputError(
+            f"`cu_seqlens_q` is {starts}; expected non-decreasing from 0 to {query.shape[0]}"
+        )
+    _check_block_table(cache, block_table, seq_lens)
+    lens = seq_lens.tolist()
+    short = [i for i in range(num_seqs) if lens[i] < q_lens[i]]
+    if short:
+        i = short[0]
+        raise InvalidInputError(
+            f"`seq_lens[{i}]` is {lens[i]}; expected >= its {q_lens[i]} query tokens"
+        )
+    check_runnable("query", query)
+    result = out if out is not None else torch.empty_like(query)
+    group_pad = next_power_of_2(query.shape[1] // cache.num_kv_heads)
+    block_q = max(_PREFILL_ROWS // group_pad, 1)
+    tile_seq: list[int] = []
+    tile_start: list[int] = []
+    for i, q_len in enumerate(q_lens):
+        for start in range(0, q_len, block_q):
+            tile_seq.append(i)
+            tile_start.append(start)
+    if not tile_seq:
+        return result
+    _launch(
+        query,
+        cache,
+        block_table,
+        seq_lens,
+        result,
+        grid0=len(tile_seq),
+        block_q=block_q,
+        num_splits=1,
+        tiles_per_split=0,
+        softmax_scale=softmax_scale,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        cu_seqlens_q=cu_seqlens_q,
+        tile_seq=torch.tensor(tile_seq, dtype=torch.int32, device=cache.device),
+        tile_start=torch.tensor(tile_start, dtype=torch.int32, device=cache.device),
+    )
+    return result
