@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.concurrency.sync import concurrency
 
 from adrkit import (
     Gate,
@@ -118,6 +122,26 @@ def tables_markdown(record: Record, title: str) -> str:
     for name, table in record.tables.items():
         parts += [f"## {name}", markdown_table("en", table.columns, table.rows)]
     return "\n\n".join(parts) + "\n"
+
+
+# Set on each GPU node's worker (infra/systemd): the name of the Prefect global concurrency limit,
+# of 1, that stands for one GPU. Unset on a laptop, where nothing else shares the GPU.
+GPU_SLOT_ENV = "KVCACHE_GPU_SLOT"
+
+
+@contextmanager
+def gpu_slot() -> Iterator[None]:
+    """Hold this worker's GPU for a whole GPU stage, so two benchmarks never share one GPU.
+
+    strict: a slot named in the worker's environment but not created on the server is a setup
+    error, not a reason to run unguarded.
+    """
+    name = os.environ.get(GPU_SLOT_ENV)
+    if not name:
+        yield
+        return
+    with concurrency(name, occupy=1, strict=True):
+        yield
 
 
 def publish(record: Record, markdown: str, table: str) -> None:

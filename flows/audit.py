@@ -14,7 +14,7 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.states import State
 
 import forkaudit
-from adrkit import Gate, Record, Table, utc_now
+from adrkit import Gate, Record, Table, utc_now, write_record
 from flows._stage import RunContext, build_record, publish
 
 STAGE = "audit"
@@ -121,6 +121,7 @@ def audit_stage(
     (out / "fork.patch").write_text(report.patch(), encoding="utf-8", errors="surrogateescape")
     artifacts = {name: str(out / name) for name in ("report.json", "report.md", "fork.patch")}
     record = audit_record(ctx, started_at, document, artifacts)
+    write_record(ctx.results_root, record)
     publish(record, report.to_markdown("en"), "findings")
     print(f"audit: {record.summary}")
     return record

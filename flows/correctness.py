@@ -15,8 +15,8 @@ from typing import Any
 
 from prefect import flow, task
 
-from adrkit import Gate, Record, Table, utc_now
-from flows._stage import RunContext, build_record, publish, tables_markdown
+from adrkit import Gate, Record, Table, utc_now, write_record
+from flows._stage import RunContext, build_record, gpu_slot, publish, tables_markdown
 
 STAGE = "correctness"
 CHECK_TIMEOUT_S = 1800
@@ -120,9 +120,11 @@ def correctness_stage(
 ) -> Record:
     """Check every kvquant kernel against its fp32 reference, and the edge cases."""
     ctx = RunContext(run_id, Path(results_root), flow_run_id)
-    started_at = utc_now()
-    report = ctx.stage_dir(STAGE) / "check.json"
-    result = run_check(report, full)
-    record = correctness_record(ctx, started_at, result, {"check.json": str(report)})
+    with gpu_slot():
+        started_at = utc_now()
+        report = ctx.stage_dir(STAGE) / "check.json"
+        result = run_check(report, full)
+        record = correctness_record(ctx, started_at, result, {"check.json": str(report)})
+    write_record(ctx.results_root, record)
     publish(record, tables_markdown(record, "kvquant correctness"), "errors")
     return record

@@ -4,7 +4,7 @@ Deployed twice from flows/prefect.yaml:
 - `pipeline/nightly` runs every stage on a cron. A stage that fails is recorded as failed, the
   stages that do not need it still run, and the flow completes.
 - `pipeline/milestone` is run by hand before a plan milestone, with `strict=True`: the same flow
-  then fails if any stage or gate failed, after the ADRs are written.
+  then fails if any stage failed, was skipped or had a failed gate, after the ADRs are written.
 
 Run locally with the embedded defaults: ``python -m flows.pipeline`` (what `nox -s nightly` does).
 """
@@ -12,26 +12,40 @@ Run locally with the embedded defaults: ``python -m flows.pipeline`` (what `nox 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
+from prefect import Flow, flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
-from prefect.states import State
 
 import forkaudit
-from adrkit import Record, new_run_id, update_adrs, utc_now, write_record
+from adrkit import Record, new_run_id, read_record, update_adrs, utc_now, write_record
+from flows._remote import run_on_pool
 from flows._stage import REPO_ROOT, RunContext, failed_record, skipped_record
 from flows.audit import audit_stage
 from flows.correctness import correctness_stage
 
-# Each stage, in run order, with the stages whose results it needs. A stage whose need failed is
-# skipped with that reason; every other stage still runs.
-STAGES: dict[str, tuple[str, ...]] = {
-    "audit": (),
-    "correctness": (),
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage flow and the stages whose results it needs. A stage whose need failed is skipped
+    with that reason; every other stage still runs."""
+
+    flow: Flow[..., Record]
+    needs: tuple[str, ...] = ()
+
+
+# In run order.
+STAGES: dict[str, Stage] = {
+    "audit": Stage(audit_stage),
+    "correctness": Stage(correctness_stage),
 }
+
+
+# The longest a stage submitted to another pool may run once a worker took it.
+STAGE_TIMEOUT_S = 4 * 3600
 
 
 class MilestoneGateError(Exception):
@@ -55,18 +69,29 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def _run_stage(stage: str, ctx: RunContext, params: dict[str, Any]) -> Record:
-    """Run one stage flow and return its record; a crash becomes a failed record, not a crash."""
+def _run_stage(
+    stage: str, ctx: RunContext, params: dict[str, Any], pool: str | None, pickup_timeout_s: float
+) -> Record:
+    """Run one stage, here or on `pool`, and return its record; a crash becomes a failed record,
+    and a run that no worker took becomes a skipped one."""
     started_at = utc_now()
-    run = {"run_id": ctx.run_id, "results_root": ctx.results_root, "flow_run_id": ctx.flow_run_id}
-    state: State[Record]
-    if stage == "audit":
-        state = audit_stage(**run, **params["audit"], return_state=True)
-    elif stage == "correctness":
-        state = correctness_stage(**run, **params["correctness"], return_state=True)
-    else:  # STAGES and this dispatch change together
-        msg = f"stage {stage!r} has no flow"
-        raise ValueError(msg)
+    run = {
+        "run_id": ctx.run_id,
+        "results_root": str(ctx.results_root),
+        "flow_run_id": ctx.flow_run_id,
+    }
+    if pool is not None:
+        outcome = run_on_pool(
+            stage, pool, run | params, pickup_timeout_s=pickup_timeout_s, timeout_s=STAGE_TIMEOUT_S
+        )
+        if not outcome.ran:
+            return skipped_record(ctx, stage, outcome.message)
+        if outcome.completed:
+            return read_record(ctx.results_root / ctx.run_id / f"{stage}.json")
+        return failed_record(
+            ctx, stage, started_at, f"{stage} on pool {pool!r}: {' '.join(outcome.message.split())}"
+        )
+    state = STAGES[stage].flow(**run, **params, return_state=True)
     result = state.result(raise_on_failure=False)
     if state.is_completed() and isinstance(result, Record):
         return result
@@ -83,12 +108,19 @@ def pipeline(
     upstream: str = forkaudit.DEFAULT_UPSTREAM,
     scope: str | None = forkaudit.DEFAULT_SCOPE,
     correctness_full: bool = False,
+    pools: dict[str, str] | None = None,
+    pickup_timeout_s: float = 600.0,
     adr_dir: str = str(REPO_ROOT / "docs" / "adr"),
     results_root: str = str(REPO_ROOT / ".results"),
 ) -> dict[str, str]:
-    """Run the selected stages (default: all), record each, and write the ADRs from the records."""
+    """Run the selected stages (default: all), record each, and write the ADRs from the records.
+
+    `pools` routes stages to work pools, e.g. `{"correctness": "gfx90a"}`: such a stage runs as
+    its deployment `<stage>/<pool>` on that pool's worker. Unrouted stages run in this process.
+    """
     selected = list(STAGES) if stages is None else stages
-    unknown = sorted(set(selected) - set(STAGES))
+    pools = pools or {}
+    unknown = sorted((set(selected) | set(pools)) - set(STAGES))
     if unknown:
         msg = f"unknown stage(s) {unknown}; known stages: {list(STAGES)}"
         raise ValueError(msg)
@@ -103,20 +135,23 @@ def pipeline(
         for stage in (s for s in STAGES if s in selected):
             failed_needs = [
                 need
-                for need in STAGES[stage]
+                for need in STAGES[stage].needs
                 if (done := records.get(need)) is not None and done.status == "failed"
             ]
             if failed_needs:
                 reason = f"needs {', '.join(failed_needs)}, which failed"
                 record = skipped_record(ctx, stage, reason)
             else:
-                record = _run_stage(stage, ctx, params)
+                record = _run_stage(stage, ctx, params[stage], pools.get(stage), pickup_timeout_s)
+            # Stages write their own records too; writing it again here covers the stages that
+            # crashed or never ran, and is an atomic replace with the same content otherwise.
             write_record(ctx.results_root, record)
             records[stage] = record
             print(f"{stage}: {record.status}: {record.reason or record.summary}")
     finally:
         write_adrs(Path(adr_dir), ctx.results_root)
-    failures = [f"{s}: {r.reason}" for s, r in records.items() if r.status == "failed"]
+    # A milestone needs evidence: a stage that was skipped or never ran fails it too.
+    failures = [f"{s}: {r.reason}" for s, r in records.items() if r.status != "passed"]
     if strict and failures:
         msg = f"milestone {milestone!r} failed: " + "; ".join(failures)
         raise MilestoneGateError(msg)

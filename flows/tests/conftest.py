@@ -11,6 +11,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,49 +57,75 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
-    """A real `prefect server` on 127.0.0.1 with SQLite in a temporary PREFECT_HOME."""
-    home = tmp_path_factory.mktemp("prefect-home")
+@contextmanager
+def running_prefect_server(home: Path, database_url: str) -> Iterator[PrefectServer]:
+    """A real `prefect server` on 127.0.0.1; stopped with all its children, even on failure."""
     port = _free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     env = {
         **os.environ,
         "PREFECT_HOME": str(home),
         "PREFECT_API_URL": api_url,
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+        "PREFECT_API_DATABASE_CONNECTION_URL": database_url,
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DO_NOT_TRACK": "1",
         "PREFECT_LOGGING_LEVEL": "WARNING",
+        # Workers poll often, so a test waits seconds, not the default 10 s, for a pickup.
+        "PREFECT_WORKER_QUERY_SECONDS": "2",
     }
-    log = (home / "server.log").open("w")
-    server = subprocess.Popen(
-        ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while True:
-            try:
-                with urllib.request.urlopen(f"{api_url}/health", timeout=2):  # noqa: S310
-                    break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"prefect server did not become healthy; see {home / 'server.log'}")
-                time.sleep(0.5)
-        yield PrefectServer(api_url, env)
-    finally:
-        # The server starts its own children (uvicorn, services): end the whole process group.
-        os.killpg(server.pid, signal.SIGTERM)
+    with (home / "server.log").open("w") as log:
+        server = subprocess.Popen(
+            ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
+            deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{api_url}/health", timeout=2):  # noqa: S310
+                        break
+                except OSError:
+                    if server.poll() is not None or time.monotonic() > deadline:
+                        pytest.fail(f"prefect server did not become healthy; see {log.name}")
+                    time.sleep(0.5)
+            yield PrefectServer(api_url, env)
+        finally:
+            stop_process_group(server)
+
+
+def stop_process_group(process: subprocess.Popen[bytes]) -> None:
+    """End a process started with start_new_session=True and every child it started."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
+    """A real Prefect server with SQLite in a temporary PREFECT_HOME."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    with running_prefect_server(home, f"sqlite+aiosqlite:///{home / 'prefect.db'}") as server:
+        yield server
+
+
+def create_pools(server: PrefectServer) -> None:
+    """The three work pools flows/prefect.yaml deploys to."""
+    for pool in ("cpu", "gfx90a", "cuda"):
+        created = server.cli("work-pool", "create", pool, "--type", "process")
+        assert created.returncode == 0, created.stdout + created.stderr
+
+
+def deploy_all(server: PrefectServer) -> None:
+    deployed = server.cli("deploy", "--all", "--prefect-file", "flows/prefect.yaml", "--no-prompt")
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
 
 
 def _commit_tree(repo: git.Repo, files: dict[str, str], message: str) -> git.Commit:

@@ -10,7 +10,7 @@ import pytest
 
 from adrkit import load_latest
 
-from conftest import ForkFixture, PrefectServer
+from conftest import ForkFixture, PrefectServer, create_pools, deploy_all
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 WORKER_TIMEOUT_S = 420
@@ -18,13 +18,9 @@ WORKER_TIMEOUT_S = 420
 
 @pytest.fixture(scope="module")
 def deployed(prefect_server: PrefectServer) -> PrefectServer:
-    """The `cpu` process pool and both deployments from flows/prefect.yaml."""
-    created = prefect_server.cli("work-pool", "create", "cpu", "--type", "process")
-    assert created.returncode == 0, created.stdout + created.stderr
-    deployed = prefect_server.cli(
-        "deploy", "--all", "--prefect-file", "flows/prefect.yaml", "--no-prompt"
-    )
-    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    """The work pools and every deployment from flows/prefect.yaml."""
+    create_pools(prefect_server)
+    deploy_all(prefect_server)
     return prefect_server
 
 
@@ -50,6 +46,8 @@ def _params(fork: ForkFixture, adr_dir: Path, results: Path) -> dict[str, object
         "scope": None,
         "adr_dir": str(adr_dir),
         "results_root": str(results),
+        # Every stage in the worker's own process: these tests start no GPU-pool worker.
+        "pools": {},
     }
 
 
@@ -118,3 +116,25 @@ def test_nightly_records_a_crashed_stage_and_runs_the_others(
     status_adr = (adr_copy / "0001-record-architecture-decisions.md").read_text()
     assert "| audit | 失败 |" in status_adr
     assert "| correctness | 通过 |" in status_adr
+
+
+def test_a_gpu_stage_with_no_worker_is_reported_not_run(
+    deployed: PrefectServer, small_fork: ForkFixture, adr_copy: Path, tmp_path: Path
+) -> None:
+    results = tmp_path / "results"
+    params = _params(small_fork, adr_copy, results) | {
+        "stages": ["correctness"],
+        "pools": {"correctness": "gfx90a"},
+        "pickup_timeout_s": 5,
+    }
+    flow_run = _run_deployment(deployed, "pipeline/nightly", params)
+    state = flow_run["state"]
+    assert isinstance(state, dict)
+    assert state["type"] == "COMPLETED", state
+    record = load_latest(results)["correctness"]
+    assert record.status == "skipped"
+    assert record.reason == (
+        "not run: no worker on pool 'gfx90a' took the correctness run within 5 s"
+    )
+    status_adr = (adr_copy / "0001-record-architecture-decisions.md").read_text()
+    assert "| correctness | 跳过 | not run: no worker on pool 'gfx90a'" in status_adr
