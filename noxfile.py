@@ -8,7 +8,6 @@ there sessions see the system site-packages and nothing ever reinstalls torch.
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 import nox
@@ -85,9 +84,28 @@ def typecheck(session: nox.Session) -> None:
 def nightly(session: nox.Session) -> None:
     """Run the nightly pipeline once, locally, on embedded defaults; it writes docs/adr."""
     _install(session, "flows")
-    prefect_home = Path(session.create_tmp()) / "prefect-home"
-    env = QUIET_ENV | {"PREFECT_HOME": os.environ.get("PREFECT_HOME", str(prefect_home))}
+    env = QUIET_ENV | {"PREFECT_HOME": str(Path(session.create_tmp()) / "prefect-home")}
     session.run("python", "-m", "flows.pipeline", *session.posargs, env=env)
+
+
+@nox.session(venv_params=VENV_PARAMS, default=False)
+def kernels(session: nox.Session) -> None:
+    """Build every kvquant kernel of the full matrix for gfx90a and sm_90; fill ADR 0009."""
+    _install(session, "flows")
+    env = QUIET_ENV | {"PREFECT_HOME": str(Path(session.create_tmp()) / "prefect-home")}
+    session.run(
+        "python",
+        "-m",
+        "flows.pipeline",
+        "--milestone",
+        "kernels",
+        "--stages",
+        "kernels",
+        "--kernel-matrix",
+        "default",
+        *session.posargs,
+        env=env,
+    )
 
 
 @nox.session(venv_params=VENV_PARAMS, default=False)

@@ -11,6 +11,7 @@ Run locally with the embedded defaults: ``python -m flows.pipeline`` (what `nox 
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from flows._remote import run_on_pool
 from flows._stage import REPO_ROOT, RunContext, failed_record, skipped_record
 from flows.audit import audit_stage
 from flows.correctness import correctness_stage
+from flows.kernels import NIGHTLY_MATRIX, kernels_stage
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class Stage:
 # In run order.
 STAGES: dict[str, Stage] = {
     "audit": Stage(audit_stage),
+    "kernels": Stage(kernels_stage),
     "correctness": Stage(correctness_stage),
 }
 
@@ -108,6 +111,8 @@ def pipeline(
     upstream: str = forkaudit.DEFAULT_UPSTREAM,
     scope: str | None = forkaudit.DEFAULT_SCOPE,
     correctness_full: bool = False,
+    kernel_targets: list[str] | None = None,
+    kernel_matrix: str | None = str(NIGHTLY_MATRIX),
     pools: dict[str, str] | None = None,
     pickup_timeout_s: float = 600.0,
     adr_dir: str = str(REPO_ROOT / "docs" / "adr"),
@@ -128,6 +133,7 @@ def pipeline(
     params: dict[str, dict[str, Any]] = {
         "audit": {"fork": fork, "upstream": upstream, "scope": scope},
         "correctness": {"full": correctness_full},
+        "kernels": {"targets": kernel_targets, "matrix": kernel_matrix},
     }
     print(f"run {ctx.run_id} ({milestone}): stages {selected}")
     records: dict[str, Record] = {}
@@ -158,6 +164,27 @@ def pipeline(
     return {stage: record.status for stage, record in records.items()}
 
 
+def main(argv: list[str]) -> int:
+    """Run the pipeline once in this process, on embedded defaults unless told otherwise."""
+    parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__)
+    parser.add_argument("--milestone", default="nightly")
+    parser.add_argument("--stages", nargs="+", choices=list(STAGES), default=None)
+    parser.add_argument("--strict", action="store_true", help="fail on any failed stage or gate")
+    parser.add_argument(
+        "--kernel-matrix",
+        default=str(NIGHTLY_MATRIX),
+        help="the kernel build matrix; 'default' for kvquant's full matrix",
+    )
+    args = parser.parse_args(argv)
+    state = pipeline(
+        milestone=args.milestone,
+        stages=args.stages,
+        strict=args.strict,
+        kernel_matrix=None if args.kernel_matrix == "default" else args.kernel_matrix,
+        return_state=True,
+    )
+    return 0 if state.is_completed() else 1
+
+
 if __name__ == "__main__":
-    state = pipeline(return_state=True)
-    sys.exit(0 if state.is_completed() else 1)
+    sys.exit(main(sys.argv[1:]))

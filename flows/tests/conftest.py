@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -178,3 +179,63 @@ def adr_copy(tmp_path: Path) -> Path:
     target = tmp_path / "adr"
     shutil.copytree(REPO_ROOT / "docs" / "adr", target)
     return target
+
+
+def _postgres_bindir() -> Path:
+    """The server binaries of the OS's PostgreSQL, installed from the OS packages if missing."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not found:
+        for command in (["apt-get", "update"], ["apt-get", "install", "-y", "postgresql"]):
+            done = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                check=False,
+                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+            )
+            if done.returncode != 0:
+                pytest.fail(f"cannot install PostgreSQL: {' '.join(command)}: {done.stderr[-500:]}")
+        found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    return found[-1].parent
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A real PostgreSQL server on 127.0.0.1 in a temporary data directory, stopped at the end."""
+    bindir = _postgres_bindir()
+    # PostgreSQL refuses to run as root: as root, the server runs as the packages' postgres user.
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    base = Path(tempfile.mkdtemp(prefix="kvcache-pg-"))
+    if as_user:
+        shutil.chown(base, "postgres")
+    data, port = base / "data", _free_port()
+
+    def run(*command: str) -> None:
+        done = subprocess.run([*as_user, *command], capture_output=True, text=True, check=False)
+        assert done.returncode == 0, f"{command[0]}: {done.stdout[-800:]}{done.stderr[-800:]}"
+
+    run(str(bindir / "initdb"), "-D", str(data), "-U", "prefect", "--auth=trust")
+    options = f"-p {port} -k {base} -c listen_addresses=127.0.0.1"
+    run(
+        str(bindir / "pg_ctl"),
+        "-D",
+        str(data),
+        "-o",
+        options,
+        "-l",
+        str(base / "log"),
+        "-w",
+        "start",
+    )
+    try:
+        run(
+            str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "prefect", "prefect"
+        )
+        yield f"postgresql+asyncpg://prefect@127.0.0.1:{port}/prefect"
+    finally:
+        subprocess.run(
+            [*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"],
+            capture_output=True,
+            check=False,
+        )
+        shutil.rmtree(base, ignore_errors=True)

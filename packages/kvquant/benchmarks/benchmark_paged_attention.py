@@ -113,16 +113,42 @@ def table(copy_gbs: float) -> None:
 
 
 def sweep() -> None:
-    """Time the INT8 decode for each launch setting at batch 16 and 64, context 32k."""
-    setups = {b: DecodeSetup(b, 32768, torch.int8) for b in (16, 64)}
-    print(f"{'tile':>4} {'warps':>5} {'stages':>6} {'prog/SM':>7} {'b16 ms':>7} {'b64 ms':>7}")
-    for tile, warps, stages, per_sm in itertools.product((64, 128), (4, 8), (2, 3), (2, 4, 8)):
-        paged_attention._TILE_N = tile
-        paged_attention._NUM_WARPS = warps
-        paged_attention._NUM_STAGES = stages
-        paged_attention._DECODE_PROGRAMS_PER_SM = per_sm
-        times = [median_ms(setups[b].run) for b in (16, 64)]
-        print(f"{tile:>4} {warps:>5} {stages:>6} {per_sm:>7} {times[0]:>7.3f} {times[1]:>7.3f}")
+    """Time INT8 and bf16 decode for launch settings around the chosen one, batch 16/64, 32k."""
+    setups = {
+        (dtype, b): DecodeSetup(b, 32768, dtype)
+        for dtype in (torch.int8, MODEL_DTYPE)
+        for b in (16, 64)
+    }
+    print(
+        f"{'cache':>5} {'tile':>4} {'warps':>5} {'stages':>6} {'prog/SM':>7} "
+        f"{'b16 ms':>7} "
+        f"{'b64 ms':>7} {'b64 GB/s':>8}"
+    )
+    settings = [
+        (128, 4, 3, 8),
+        (128, 4, 2, 8),
+        (128, 4, 4, 8),
+        (64, 4, 3, 8),
+        (128, 8, 3, 8),
+        (128, 4, 3, 4),
+        (256, 4, 2, 8),
+        (256, 8, 3, 8),
+    ]
+    for dtype in (torch.int8, MODEL_DTYPE):
+        for tile, warps, stages, per_sm in settings:
+            paged_attention._TILE_N = tile
+            paged_attention._NUM_WARPS = warps
+            paged_attention._NUM_STAGES = paged_attention._NUM_STAGES_INT8 = stages
+            paged_attention._DECODE_PROGRAMS_PER_SM = per_sm
+            paged_attention.clear_spec_caches()
+            times = [median_ms(setups[dtype, b].run) for b in (16, 64)]
+            gbs = kv_bytes(64, 32768, dtype) / times[1] / 1e6
+            name = str(dtype).removeprefix("torch.")
+            print(
+                f"{name:>5} {tile:>4} {warps:>5} {stages:>6} {per_sm:>7} {times[0]:>7.3f} "
+                f"{times[1]:>7.3f} {gbs:>8.0f}",
+                flush=True,
+            )
 
 
 def main() -> None:

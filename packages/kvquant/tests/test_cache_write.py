@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from kvquant import InvalidInputError, allocate_cache, cache_write
+from kvquant import InvalidInputError, PagedKVCache, allocate_cache, cache_write
 from kvquant import reference as ref
 
 from conftest import require_cuda
@@ -23,6 +23,14 @@ def _random_cache(
     else:
         cache.pages.copy_(torch.randn(cache.pages.shape, generator=gen).to(dtype))
     return cache
+
+
+def _cpu_copy(cache: PagedKVCache) -> PagedKVCache:
+    copy = allocate_cache(
+        cache.num_blocks, cache.num_kv_heads, cache.head_size, cache.block_size, cache.dtype
+    )
+    copy.pages.copy_(cache.pages)
+    return copy
 
 
 def _check_write(
@@ -43,14 +51,12 @@ def _check_write(
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens].to(device)
     slots[::7] = -1  # padding tokens
     cache_write(cache, key, value, slots)
-    ref.cache_write_ref(expected, key, value, slots)
-    if device.type == "cpu" or cache_dtype != torch.int8:
-        assert torch.equal(cache.pages, expected.pages)
-    else:  # see GPU_WRITE_MISMATCH: rare codes off by one on the H200, scales exact
-        assert cache.k_scale is not None and expected.k_scale is not None
-        assert torch.equal(cache.k_scale, expected.k_scale)
-        diff = (cache.pages.to(torch.int16) - expected.pages.to(torch.int16)).abs()
-        assert diff.max() <= 1 and (diff > 0).float().mean() <= 1e-3
+    # The reference runs on the CPU: torch on CUDA divides by a Python scalar as a multiply by its
+    # reciprocal (absmax * fl(1/127)), which is not the IEEE absmax / 127 of the format and
+    # differs in ~4% of scales. The kernel divides exactly (div_rn) on every device.
+    expected_cpu = _cpu_copy(expected)
+    ref.cache_write_ref(expected_cpu, key.cpu(), value.cpu(), slots.cpu())
+    assert torch.equal(cache.pages.cpu(), expected_cpu.pages)
     if cache_dtype == torch.int8:
         # Dequantized values lie within half a scale step of the input (plus fp32 rounding of
         # x * (1 / scale), a few ulps).

@@ -1,4 +1,8 @@
-"""The ``kvquant`` command line: ``kvquant check [--device cpu|cuda] [--full] [--json OUT]``."""
+"""The ``kvquant`` command line.
+
+``kvquant check [--device cpu|cuda] [--full] [--json OUT]`` and
+``kvquant build [--target gfx90a] [--target sm90] [--matrix FILE] --out DIR``.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +31,40 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--full", action="store_true", help="the full shape matrix (slow on cpu)")
     check.add_argument("--json", type=Path, default=None, metavar="OUT", help="write results")
+    build = commands.add_parser(
+        "build", help="compile every kernel ahead of time (gfx90a, sm90) and write a manifest"
+    )
+    build.add_argument(
+        "--target", action="append", default=None, help="gfx90a (default) or sm90; repeatable"
+    )
+    build.add_argument("--matrix", type=Path, default=None, metavar="FILE", help="matrix TOML")
+    build.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory")
+    build.add_argument(
+        "--previous", type=Path, default=None, metavar="MANIFEST", help="diff against this"
+    )
+    build.add_argument("--jobs", type=int, default=None, help="compile processes (default: cores)")
+    build.add_argument("--table", action="store_true", help="print every cell's resource use")
     return parser
+
+
+def _build(args: argparse.Namespace) -> int:
+    """``kvquant build``: exit 1 when a cell fails or a gate fails, 2 on bad input."""
+    from .build import build, format_report
+
+    try:
+        result = build(
+            args.target or ["gfx90a"],
+            args.matrix,
+            out=args.out,
+            previous=args.previous,
+            jobs=args.jobs,
+        )
+    except KVQuantError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(format_report(result, table=args.table))
+    failed = result["failures"] or not all(gate["passed"] for gate in result["gates"])
+    return 1 if failed else 0
 
 
 def _use_interpreter_if_cpu(device: str | None) -> None:
@@ -64,6 +101,8 @@ def _table(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "build":
+        return _build(args)
     _use_interpreter_if_cpu(args.device)
     from ._check import run_correctness
 

@@ -1,1 +1,40 @@
-"""Triton kernels, one family per module: each holds its kernels and then their launchers."""
+"""Triton kernels, one family per module: each holds its kernels and then their launchers.
+
+``aot_specs`` lists every kernel the package ships for one model configuration, as
+``KernelSpec``s that say exactly what the launchers compile (for the ahead-of-time build).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import cache_write, paged_attention
+from ._common import KernelSpec
+
+
+def aot_specs(
+    *,
+    head_size: int,
+    block_size: int,
+    gqa: int,
+    model_dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    target: str,
+) -> list[KernelSpec]:
+    """All kernels for one configuration: decode attention, its reducer, prefill, cache write.
+
+    Args:
+        target: "cuda" or "hip"; "hip" never selects NVIDIA-only code (the inline-PTX convert).
+    """
+    geometry = {
+        "head_size": head_size,
+        "block_size": block_size,
+        "gqa": gqa,
+        "model_dtype": model_dtype,
+        "cache_dtype": cache_dtype,
+        "target": target,
+    }
+    return [*paged_attention.aot_specs(**geometry), *cache_write.aot_specs(**geometry)]
+
+
+__all__ = ["KernelSpec", "aot_specs"]

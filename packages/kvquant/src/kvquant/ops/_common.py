@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import os
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -51,3 +54,100 @@ def check_tensor(
 
 def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
+
+
+# ---- Ahead-of-time build contract ----
+#
+# Each ops module has a pure ``aot_specs(...)`` that says exactly what its launcher compiles for a
+# specialization; the launcher builds its launch from the same spec, so the two cannot drift.
+
+TARGETS = ("cuda", "hip")
+_TRITON_TYPES = {
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float32: "fp32",
+    torch.int8: "i8",
+    torch.int32: "i32",
+    torch.int64: "i64",
+}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One compiled kernel variant: what ``triton.compile(ASTSource(...), target, options)`` needs.
+
+    Attributes:
+        name: stable id, e.g. "decode_attention", "reduce_splits", "cache_write".
+        kernel: the ``@triton.jit`` function.
+        signature: every parameter, in order -> Triton type ("*bf16", "*i8", "i32", "i64", "fp32",
+            ...), "constexpr" for constexpr parameters.
+        constexprs: the value of every constexpr parameter.
+        num_warps, num_stages: launch options.
+        aligned: the runtime parameters the JIT sees as multiples of 16 on every launch (pointers
+            to torch allocations, strides made of head and block sizes). An ahead-of-time build
+            must pass them as ``tt.divisibility=16``, as the JIT does, or loads lose their width.
+    """
+
+    name: str
+    kernel: Any
+    signature: dict[str, str]
+    constexprs: dict[str, int | float | bool]
+    num_warps: int
+    num_stages: int
+    aligned: tuple[str, ...] = ()
+
+
+def pointer(dtype: torch.dtype) -> str:
+    """Triton's signature type of a pointer to ``dtype``, e.g. ``*bf16``."""
+    return "*" + _TRITON_TYPES[dtype]
+
+
+def runtime_target(device: torch.device) -> str:
+    """The target a launch on ``device`` compiles for: "cuda", "hip" or "interpreter"."""
+    if interpreted() or device.type == "cpu":
+        return "interpreter"
+    return "hip" if torch.version.hip is not None else "cuda"
+
+
+def check_target(target: str) -> None:
+    if target not in TARGETS:
+        raise InvalidInputError(f"`target` is {target!r}; expected one of {TARGETS}")
+
+
+def make_spec(
+    name: str,
+    kernel: Any,
+    types: dict[str, str],
+    constexprs: dict[str, int | float | bool],
+    *,
+    num_warps: int,
+    num_stages: int,
+    unaligned: tuple[str, ...] = (),
+) -> KernelSpec:
+    """Build a spec whose signature lists ``kernel``'s parameters in order; checks completeness.
+
+    Every pointer and every ``stride_*`` parameter counts as aligned (see `KernelSpec.aligned`)
+    except those named in ``unaligned``: strides whose value callers choose freely.
+    """
+    python_fn = getattr(kernel, "fn", kernel)  # JITFunction and the interpreter's wrapper
+    params = [
+        (p.name, "constexpr" in str(p.annotation))
+        for p in inspect.signature(python_fn).parameters.values()
+    ]
+    signature = {name_: "constexpr" if const else types[name_] for name_, const in params}
+    wanted = {name_ for name_, const in params if const}
+    if set(constexprs) != wanted or set(types) != {n for n, c in params if not c}:
+        raise AssertionError(f"{name}: spec does not cover the kernel's parameters exactly")
+    aligned = tuple(
+        name_
+        for name_, kind in signature.items()
+        if (kind.startswith("*") or name_.startswith("stride_")) and name_ not in unaligned
+    )
+    return KernelSpec(name, kernel, signature, dict(constexprs), num_warps, num_stages, aligned)
+
+
+def launch(spec: KernelSpec, grid: tuple[int, ...], *args: object) -> None:
+    """Launch ``spec.kernel`` with the runtime ``args`` in order and the spec's constexprs."""
+    spec.kernel[grid](
+        *args, **spec.constexprs, num_warps=spec.num_warps, num_stages=spec.num_stages
+    )

@@ -5,16 +5,29 @@ The 16-bit variant is the same kernel with quantization compiled out (QUANTIZE=F
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from .._cache import PagedKVCache
 from .._errors import InvalidInputError
-from ._common import ACTIVATION_DTYPES, check_runnable, check_tensor, next_power_of_2
+from ._common import (
+    ACTIVATION_DTYPES,
+    KernelSpec,
+    check_runnable,
+    check_target,
+    check_tensor,
+    launch,
+    make_spec,
+    next_power_of_2,
+    pointer,
+)
 
 # Tokens per program. Swept 4-64 on the H200 (benchmark_cache_write.py --sweep, NOTES.md): 16 and
-# 32 tie (0.096 / 0.093 ms for 32k tokens), 4, 8 and 64 are 20-60% slower.
+# 32 tie (0.096 / 0.093 ms for 32k tokens), 4, 8 and 64 are 20-60% slower. At most the smallest
+# block size (16), so the in-order V store of a tile stays within one page.
 _BLOCK_TOKENS = 16
 
 
@@ -48,11 +61,11 @@ def _cache_write_kernel(
     # Inputs
     key_ptr,  # [num_tokens, num_kv_heads, head_size] fp16/bf16
     value_ptr,  # [num_tokens, num_kv_heads, head_size] fp16/bf16
-    slot_mapping_ptr,  # [num_tokens] int32/int64; negative = padding, skipped
+    slot_mapping_ptr,  # [num_tokens] int64; negative = padding, skipped
     # Outputs
     k_cache_ptr,  # [num_blocks, num_kv_heads, block_size, head_size]
     v_cache_ptr,  # [num_blocks, num_kv_heads, head_size, block_size]
-    k_scale_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; unused unless QUANTIZE
+    k_scale_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; iff QUANTIZE, else any pointer
     v_scale_ptr,
     # Sizes and strides
     num_tokens,
@@ -60,7 +73,7 @@ def _cache_write_kernel(
     stride_key_h: tl.int64,
     stride_value_t: tl.int64,
     stride_value_h: tl.int64,
-    stride_kc_b: tl.int64,
+    stride_kc_b: tl.int64,  # all cache strides are multiples of 16 (block_size >= 16)
     stride_kc_h: tl.int64,
     stride_vc_b: tl.int64,
     stride_vc_h: tl.int64,
@@ -81,6 +94,13 @@ def _cache_write_kernel(
     block = tl.where(live, slots // BLOCK_SIZE, 0)
     offset = tl.where(live, slots % BLOCK_SIZE, 0)
     mask = live[:, None] & (dims[None, :] < HEAD_SIZE)  # [T, D]
+    # The tile fills BLOCK_TOKENS consecutive slots of one page (prefill): V can then be stored
+    # as [D, T] rows of BLOCK_TOKENS bytes instead of one byte per (token, dim).
+    first_slot = tl.load(slot_mapping_ptr + token_tile * BLOCK_TOKENS)
+    in_order = tl.sum((slots == first_slot + tl.arange(0, BLOCK_TOKENS)).to(tl.int32), axis=0)
+    in_order = (in_order == BLOCK_TOKENS) & (first_slot >= 0) & (first_slot % BLOCK_TOKENS == 0)
+    in_order = in_order & ((token_tile + 1) * BLOCK_TOKENS <= num_tokens)
+    in_order = in_order & (BLOCK_TOKENS <= BLOCK_SIZE)  # the tile stays within one page
 
     tokens64 = tokens.to(tl.int64)
     key = tl.load(
@@ -93,21 +113,97 @@ def _cache_write_kernel(
         mask=mask,
         other=0.0,
     )
-    k_dst = k_cache_ptr + block[:, None] * stride_kc_b + head * stride_kc_h
-    k_dst += offset[:, None] * HEAD_SIZE + dims[None, :]
-    v_dst = v_cache_ptr + block[:, None] * stride_vc_b + head * stride_vc_h
-    v_dst += dims[None, :] * BLOCK_SIZE + offset[:, None]
+    k_page = tl.multiple_of(block * stride_kc_b + head * stride_kc_h, 16)
+    k_dst = k_cache_ptr + k_page[:, None] + offset[:, None] * HEAD_SIZE + dims[None, :]
+    v_page = tl.multiple_of(block * stride_vc_b + head * stride_vc_h, 16)
+    v_dst = v_cache_ptr + v_page[:, None] + dims[None, :] * BLOCK_SIZE + offset[:, None]
     if QUANTIZE:
         k_codes, k_scale = _quantize_rows(key.to(tl.float32))
         v_codes, v_scale = _quantize_rows(value.to(tl.float32))
-        tl.store(k_dst, k_codes, mask=mask)
-        tl.store(v_dst, v_codes, mask=mask)
         scale_dst = block * stride_scale_b + head * stride_scale_h + offset
         tl.store(k_scale_ptr + scale_dst, k_scale, mask=live)
         tl.store(v_scale_ptr + scale_dst, v_scale, mask=live)
     else:
-        tl.store(k_dst, key.to(k_cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(v_dst, value.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        k_codes = key.to(k_cache_ptr.dtype.element_ty)
+        v_codes = value.to(v_cache_ptr.dtype.element_ty)
+    tl.store(k_dst, k_codes, mask=mask)
+    if in_order:
+        first_block = first_slot // BLOCK_SIZE
+        first_offset = tl.multiple_of(first_slot % BLOCK_SIZE, BLOCK_TOKENS)
+        v_row = first_block * stride_vc_b + head * stride_vc_h + first_offset
+        v_row = tl.multiple_of(v_row, 16)
+        v_rows = v_row + dims[:, None] * BLOCK_SIZE + tl.arange(0, BLOCK_TOKENS)[None, :]
+        tl.store(v_cache_ptr + v_rows, tl.trans(v_codes), mask=dims[:, None] < HEAD_SIZE)
+    else:
+        tl.store(v_dst, v_codes, mask=mask)
+
+
+@functools.cache
+def cache_write_spec(
+    *, head_size: int, block_size: int, model_dtype: torch.dtype, cache_dtype: torch.dtype
+) -> KernelSpec:
+    """What the launcher compiles for this specialization (the same on every target)."""
+    quantize = cache_dtype == torch.int8
+    if not quantize and cache_dtype != model_dtype:
+        raise InvalidInputError(
+            f"`cache_dtype` is {cache_dtype}; a 16-bit cache takes the model dtype {model_dtype}"
+        )
+    # A 16-bit cache has no scales: the launcher passes its K tensor for the unused pointers.
+    scale = pointer(torch.float32) if quantize else pointer(cache_dtype)
+    types = {
+        "key_ptr": pointer(model_dtype),
+        "value_ptr": pointer(model_dtype),
+        "slot_mapping_ptr": pointer(torch.int64),
+        "k_cache_ptr": pointer(cache_dtype),
+        "v_cache_ptr": pointer(cache_dtype),
+        "k_scale_ptr": scale,
+        "v_scale_ptr": scale,
+        "num_tokens": "i32",
+    }
+    for stride in [
+        "stride_key_t",
+        "stride_key_h",
+        "stride_value_t",
+        "stride_value_h",
+        "stride_kc_b",
+        "stride_kc_h",
+        "stride_vc_b",
+        "stride_vc_h",
+        "stride_scale_b",
+        "stride_scale_h",
+    ]:
+        types[stride] = "i64"
+    constexprs = {
+        "HEAD_SIZE": head_size,
+        "HEAD_PAD": next_power_of_2(head_size),
+        "BLOCK_SIZE": block_size,
+        "BLOCK_TOKENS": _BLOCK_TOKENS,
+        "QUANTIZE": quantize,
+    }
+    return make_spec(
+        "cache_write", _cache_write_kernel, types, constexprs, num_warps=4, num_stages=1
+    )
+
+
+def aot_specs(
+    *,
+    head_size: int,
+    block_size: int,
+    gqa: int,
+    model_dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    target: str,
+) -> list[KernelSpec]:
+    """The kernels this module ships for one model configuration (``gqa`` does not matter here)."""
+    check_target(target)
+    return [
+        cache_write_spec(
+            head_size=head_size,
+            block_size=block_size,
+            model_dtype=model_dtype,
+            cache_dtype=cache_dtype,
+        )
+    ]
 
 
 def cache_write(
@@ -139,6 +235,8 @@ def cache_write(
         shape=(num_tokens,),
         device=device,
     )
+    if value.dtype != key.dtype:
+        raise InvalidInputError(f"`value` has dtype {value.dtype}; expected key's {key.dtype}")
     if not cache.is_quantized and (key.dtype != cache.dtype or value.dtype != cache.dtype):
         raise InvalidInputError(
             f"`key`/`value` have dtype {key.dtype}/{value.dtype}; a 16-bit cache of "
@@ -158,11 +256,19 @@ def cache_write(
     # A 16-bit cache has no scales; the kernel never touches these pointers then.
     k_scale = cache.k_scale if cache.k_scale is not None else cache.k
     v_scale = cache.v_scale if cache.v_scale is not None else cache.v
+    spec = cache_write_spec(
+        head_size=cache.head_size,
+        block_size=cache.block_size,
+        model_dtype=key.dtype,
+        cache_dtype=cache.dtype,
+    )
     grid = (triton.cdiv(num_tokens, _BLOCK_TOKENS), cache.num_kv_heads)
-    _cache_write_kernel[grid](
+    launch(
+        spec,
+        grid,
         key,
         value,
-        slot_mapping,
+        slot_mapping.to(torch.int64),
         cache.k,
         cache.v,
         k_scale,
@@ -178,9 +284,4 @@ def cache_write(
         cache.v.stride(1),
         k_scale.stride(0),
         k_scale.stride(1),
-        HEAD_SIZE=cache.head_size,
-        HEAD_PAD=next_power_of_2(cache.head_size),
-        BLOCK_SIZE=cache.block_size,
-        BLOCK_TOKENS=_BLOCK_TOKENS,
-        QUANTIZE=cache.is_quantized,
     )

@@ -1,10 +1,12 @@
 """Paged attention over the INT8 (or 16-bit) cache: decode with split-KV, and varlen prefill.
 
-One kernel serves both. A program owns one kv head and a tile of query rows: BLOCK_Q query tokens
-times all GROUP query heads that share the kv head, so each K/V byte is loaded once per tile. It
-walks KV tiles of TILE_N tokens (possibly only its split's share of them) with an online softmax.
-With more than one split, each program writes an unnormalised partial result and
-``_reduce_splits_kernel`` combines them (flash-decoding).
+Two kernels share one tile loop (``_attend_tiles``). A program owns one kv head and a tile of
+query rows: all GROUP query heads that share the kv head (decode), times BLOCK_Q query tokens
+(prefill), so each K/V byte is loaded once per tile. It walks KV tiles of TILE_N tokens with an
+online softmax. A decode program covers one split of its sequence's tiles and writes an
+unnormalised partial result; ``_reduce_splits_kernel`` combines them (flash-decoding). Split
+count, softcap and sliding window are runtime arguments, so one compiled variant per model
+configuration serves every call (``aot_specs``).
 
 INT8 specifics (why they are done this way):
 - Codes convert to fp16 exactly, so both dots run in fp16 whatever the model dtype. A bf16 query
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from typing import Any
 
 import torch
 import triton
@@ -32,10 +35,15 @@ from .._cache import PagedKVCache
 from .._errors import InvalidInputError
 from ._common import (
     ACTIVATION_DTYPES,
+    KernelSpec,
     check_runnable,
+    check_target,
     check_tensor,
-    interpreted,
+    launch,
+    make_spec,
     next_power_of_2,
+    pointer,
+    runtime_target,
 )
 
 # Scores are kept in log2 units so the softmax can use exp2.
@@ -50,10 +58,14 @@ _PREFILL_ROWS = 64
 # Measured (benchmark --sweep, 2, 4, 8): 8 was 8% faster than 4 at batch 16 / 32k and 2% slower
 # at batch 64 / 32k.
 _DECODE_PROGRAMS_PER_SM = 8
-# Warps and pipeline stages of the attention kernel, from the benchmark's --sweep on the H200
-# (NOTES.md): 4 warps beat 8 by 30-45%, 3 stages beat 2 by 8-14% with 128-token tiles.
+# Warps and pipeline stages of the attention kernels, from the benchmark's --sweep on the H200
+# (NOTES.md, version 2): 4 warps beat 8 by 40-70%; INT8 decode ran 15% faster with 2 stages
+# than 3 (1.632 vs 1.916 ms, batch 64 / 32k), the 16-bit one within 1% either way.
 _NUM_WARPS = 4
 _NUM_STAGES = 3
+_NUM_STAGES_INT8 = 2
+# Splits the reducer combines per step; the split count itself is a runtime argument.
+_SPLIT_TILE = 16
 
 # Four int8 codes in one 32-bit register -> four fp16 in two registers. Flipping the sign bit
 # gives c + 128 as an unsigned byte; placing it under the fp16 exponent of 1024 (0x64XX) gives
@@ -86,28 +98,267 @@ def _codes_to_f16(codes, FAST_CONVERT: tl.constexpr):
 
 
 @triton.jit
-def _paged_attention_kernel(
+def _attend_tiles(
+    q,  # [ROWS, HEAD_PAD] fp16 (INT8 cache) or the cache dtype
+    score_scale,  # softmax scale (times log2(e) unless softcap), fp32 scalar
+    row_pos,  # [ROWS] key position of each row's query token (prefill's causal mask)
+    tile_lo,
+    tile_hi,
+    first_key,
+    last_key,
+    k_ptr,
+    v_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    block_table_row,  # pointer to this sequence's block-table row
+    kv_head,
+    softcap,  # > 0: logits become softcap * tanh(logits / softcap)
+    sliding_window,  # > 0: prefill rows see only their newest sliding_window keys
+    stride_k_b,
+    stride_k_h,
+    stride_v_b,
+    stride_v_h,
+    stride_s_b,
+    stride_s_h,
+    ROWS: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    IS_DECODE: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+    FAST_CONVERT: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+):
+    """Online softmax over KV tiles [tile_lo, tile_hi); returns (acc, running max, running sum).
+
+    Addressing: one page of one kv head is contiguous (K [BLOCK_SIZE, HEAD], V^T [HEAD,
+    BLOCK_SIZE]), so a token's address is its page's base plus a 32-bit in-page offset. The page
+    base is constant over BLOCK_SIZE consecutive keys and a multiple of 16 (every cache stride is,
+    block_size >= 16): the hints let both tiles load as 16-byte vectors. Loads are unmasked over
+    whole pages (a key past the end reads its page's stale slot, or page 0 for a page past the
+    end); those keys are masked out of the scores, P and (16-bit) V afterwards.
+    """
+    dims = tl.arange(0, HEAD_PAD)
+    dim_valid = dims < HEAD_SIZE
+    running_max = tl.full([ROWS], float("-inf"), tl.float32)
+    running_sum = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, HEAD_PAD], tl.float32)
+    head_k = kv_head.to(tl.int64) * stride_k_h
+    head_v = kv_head.to(tl.int64) * stride_v_h
+    head_s = kv_head.to(tl.int64) * stride_s_h
+    for tile in range(tile_lo, tile_hi):
+        keys = tile * TILE_N + tl.arange(0, TILE_N)  # [N]
+        key_valid = (keys >= first_key) & (keys <= last_key)
+        page = tl.load(block_table_row + keys // BLOCK_SIZE, mask=keys <= last_key, other=0)
+        page = page.to(tl.int64)
+        slot = keys % BLOCK_SIZE
+        k_base = tl.multiple_of(tl.max_constancy(page * stride_k_b + head_k, BLOCK_SIZE), 16)
+        v_base = tl.multiple_of(tl.max_constancy(page * stride_v_b + head_v, BLOCK_SIZE), 16)
+        # K tile [N, D], token-major; V tile [D, N], transposed within the page.
+        k_offsets = k_base[:, None] + (slot * HEAD_SIZE)[:, None] + dims[None, :]
+        v_offsets = v_base[None, :] + (dims * BLOCK_SIZE)[:, None] + slot[None, :]
+        if HEAD_SIZE == HEAD_PAD:
+            k = tl.load(k_ptr + k_offsets)
+            v = tl.load(v_ptr + v_offsets)
+        else:  # padded dims would read the next token's bytes, or past the cache's end
+            k = tl.load(k_ptr + k_offsets, mask=dim_valid[None, :], other=0)
+            v = tl.load(v_ptr + v_offsets, mask=dim_valid[:, None], other=0)
+        if QUANTIZED:
+            s_base = tl.multiple_of(tl.max_constancy(page * stride_s_b + head_s, BLOCK_SIZE), 16)
+            k_scale = tl.load(k_scale_ptr + s_base + slot)
+            # Stale scales of masked keys may be anything, inf included: zero them.
+            v_scale = tl.where(key_valid, tl.load(v_scale_ptr + s_base + slot), 0.0)
+            k = _codes_to_f16(k, FAST_CONVERT)
+            v = _codes_to_f16(v, FAST_CONVERT)
+            scores = tl.dot(q, tl.trans(k)) * (k_scale * score_scale)[None, :]  # [M, N]
+        elif DOT_IN_FP32:
+            scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            scores = scores * score_scale
+        else:
+            scores = tl.dot(q, tl.trans(k)) * score_scale
+        if softcap > 0:
+            # softcap * tanh(s / softcap), tanh through exp2 so large |s| saturates cleanly.
+            two_x = scores * (2.0 * _LOG2E / softcap)
+            scores = softcap * (1.0 - 2.0 / (tl.exp2(two_x) + 1.0)) * _LOG2E
+        if IS_DECODE:
+            visible = key_valid[None, :]
+        else:
+            visible = key_valid[None, :] & (keys[None, :] <= row_pos[:, None])
+            if sliding_window > 0:
+                visible &= keys[None, :] > row_pos[:, None] - sliding_window
+        scores = tl.where(visible, scores, float("-inf"))
+
+        # ---- Online softmax (log2 units); a row with nothing visible yet keeps max -inf ----
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        correction = tl.exp2(running_max - safe_max)
+        p = tl.exp2(scores - safe_max[:, None])
+        running_sum = running_sum * correction + tl.sum(p, axis=1)
+        running_max = new_max
+        if QUANTIZED:
+            # Largest finite V scale of the tile: NaN scales stay in their own columns.
+            tile_v_max = tl.max(tl.where(v_scale == v_scale, v_scale, 0.0), axis=0)
+            tile_v_max = tl.maximum(tile_v_max, 1e-6)
+            p = p * (v_scale / tile_v_max)[None, :]
+            # 0 * NaN would leak a poisoned token into rows that cannot see it (NaN policy).
+            p = tl.where(visible, p, 0.0)
+            pv = tl.dot(p.to(tl.float16), tl.trans(v))
+            acc = acc * correction[:, None] + pv * tile_v_max
+        else:
+            v = tl.where(key_valid[None, :], v, 0.0)  # stale slots may hold NaN/inf
+            if DOT_IN_FP32:
+                # Rounded to the cache dtype first, as on the GPU path, then multiplied exactly.
+                p16 = p.to(v.dtype).to(tl.float32)
+                pv = tl.dot(p16, tl.trans(v.to(tl.float32)), input_precision="ieee")
+                acc = acc * correction[:, None] + pv
+            else:
+                acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), tl.trans(v))
+    return acc, running_max, running_sum
+
+
+@triton.jit
+def _prepare_query(q, softmax_scale, softcap, QUANTIZED: tl.constexpr):
+    """Query tile in the dot's dtype and the matching score scale (log2 units unless softcap)."""
+    if QUANTIZED:
+        # Exact power-of-two rescale so fp16 holds the query; undone in score_scale.
+        q32 = q.to(tl.float32)
+        q_absmax = tl.max(tl.max(tl.abs(q32), axis=1), axis=0)
+        exponent = ((q_absmax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        exponent = tl.minimum(tl.maximum(exponent, -100), 100)
+        q = (q32 * ((127 - exponent) << 23).to(tl.float32, bitcast=True)).to(tl.float16)
+        score_scale = softmax_scale * ((127 + exponent) << 23).to(tl.float32, bitcast=True)
+    else:
+        score_scale = softmax_scale
+    if softcap <= 0:
+        score_scale = score_scale * _LOG2E
+    return q, score_scale
+
+
+@triton.jit
+def _decode_kernel(
+    # Outputs: unnormalised partial results of each split, combined by _reduce_splits_kernel
+    partial_acc_ptr,  # [num_seqs, num_q_heads, num_splits, head_size] fp32
+    partial_max_ptr,  # [num_seqs, num_q_heads, num_splits] fp32, log2 units
+    partial_sum_ptr,  # [num_seqs, num_q_heads, num_splits] fp32
+    # Inputs
+    q_ptr,  # [num_seqs, num_q_heads, head_size] fp16/bf16
+    k_ptr,  # [num_blocks, num_kv_heads, block_size, head_size] int8 or query dtype
+    v_ptr,  # [num_blocks, num_kv_heads, head_size, block_size]
+    k_scale_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; iff QUANTIZED, else any pointer
+    v_scale_ptr,
+    block_table_ptr,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens_ptr,  # [num_seqs] int32, keys per sequence, the new token included
+    # Scalars
+    softmax_scale,
+    softcap,  # > 0 turns the logit softcap on
+    sliding_window,  # > 0 turns the sliding window on
+    num_splits,
+    tiles_per_split,
+    # Strides
+    stride_q_t: tl.int64,
+    stride_q_h: tl.int64,
+    stride_k_b: tl.int64,
+    stride_k_h: tl.int64,
+    stride_v_b: tl.int64,
+    stride_v_h: tl.int64,
+    stride_s_b: tl.int64,
+    stride_s_h: tl.int64,
+    stride_bt: tl.int64,
+    # Shapes and features
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+    FAST_CONVERT: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+):
+    """One (sequence, kv head, split): all GROUP query heads of the kv head against its keys."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    rows = tl.arange(0, GROUP_PAD)  # query heads of this kv head, padded for tl.dot
+    row_head = kv_head * GROUP + rows
+    row_valid = rows < GROUP
+    dims = tl.arange(0, HEAD_PAD)
+    dim_valid = dims < HEAD_SIZE
+    q_offsets = seq.to(tl.int64) * stride_q_t + row_head.to(tl.int64)[:, None] * stride_q_h
+    q = tl.load(
+        q_ptr + q_offsets + dims[None, :], mask=row_valid[:, None] & dim_valid[None, :], other=0.0
+    )
+    q, score_scale = _prepare_query(q, softmax_scale, softcap, QUANTIZED)
+
+    last_key = seq_len - 1
+    first_key = tl.where(sliding_window > 0, tl.maximum(seq_len - sliding_window, 0), 0)
+    tile_lo = first_key // TILE_N + split * tiles_per_split
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, last_key // TILE_N + 1)
+    acc, running_max, running_sum = _attend_tiles(
+        q,
+        score_scale,
+        rows,
+        tile_lo,
+        tile_hi,
+        first_key,
+        last_key,
+        k_ptr,
+        v_ptr,
+        k_scale_ptr,
+        v_scale_ptr,
+        block_table_ptr + seq.to(tl.int64) * stride_bt,
+        kv_head,
+        softcap,
+        sliding_window,
+        stride_k_b,
+        stride_k_h,
+        stride_v_b,
+        stride_v_h,
+        stride_s_b,
+        stride_s_h,
+        GROUP_PAD,
+        HEAD_SIZE,
+        HEAD_PAD,
+        BLOCK_SIZE,
+        TILE_N,
+        True,
+        QUANTIZED,
+        FAST_CONVERT,
+        DOT_IN_FP32,
+    )
+
+    # ---- Epilogue: this split's partial result ----
+    stat_offsets = (seq.to(tl.int64) * tl.num_programs(1) * GROUP + row_head) * num_splits + split
+    tl.store(partial_max_ptr + stat_offsets, running_max, mask=row_valid)
+    tl.store(partial_sum_ptr + stat_offsets, running_sum, mask=row_valid)
+    tl.store(
+        partial_acc_ptr + stat_offsets[:, None] * HEAD_SIZE + dims[None, :],
+        acc,
+        mask=row_valid[:, None] & dim_valid[None, :],
+    )
+
+
+@triton.jit
+def _prefill_kernel(
     # Outputs
-    out_ptr,  # [total_q, num_q_heads, head_size] query dtype; written iff NUM_SPLITS == 1
-    partial_acc_ptr,  # [total_q, num_q_heads, NUM_SPLITS, head_size] fp32; iff NUM_SPLITS > 1
-    partial_max_ptr,  # [total_q, num_q_heads, NUM_SPLITS] fp32, log2 units
-    partial_sum_ptr,  # [total_q, num_q_heads, NUM_SPLITS] fp32
+    out_ptr,  # [total_q, num_q_heads, head_size] query dtype
     # Inputs
     q_ptr,  # [total_q, num_q_heads, head_size] fp16/bf16
     k_ptr,  # [num_blocks, num_kv_heads, block_size, head_size] int8 or query dtype
     v_ptr,  # [num_blocks, num_kv_heads, head_size, block_size]
-    k_scale_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; iff QUANTIZED
+    k_scale_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; iff QUANTIZED, else any pointer
     v_scale_ptr,
     block_table_ptr,  # [num_seqs, max_blocks_per_seq] int32
-    seq_lens_ptr,  # [num_seqs] keys per sequence, the new tokens included
-    cu_seqlens_q_ptr,  # [num_seqs + 1]; iff not IS_DECODE
-    tile_seq_ptr,  # [grid0] sequence of each query tile; iff not IS_DECODE
-    tile_start_ptr,  # [grid0] first query token of the tile, within its sequence
+    seq_lens_ptr,  # [num_seqs] int32, keys per sequence, the new tokens included
+    cu_seqlens_q_ptr,  # [num_seqs + 1] int32
+    tile_seq_ptr,  # [grid0] int32, sequence of each query tile
+    tile_start_ptr,  # [grid0] int32, first query token of the tile, within its sequence
     # Scalars
     softmax_scale,
-    softcap,  # iff USE_SOFTCAP
-    sliding_window,  # iff USE_WINDOW
-    tiles_per_split,
+    softcap,  # > 0 turns the logit softcap on
+    sliding_window,  # > 0 turns the sliding window on
     # Strides
     stride_q_t: tl.int64,
     stride_q_h: tl.int64,
@@ -128,27 +379,17 @@ def _paged_attention_kernel(
     GROUP_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    IS_DECODE: tl.constexpr,
     QUANTIZED: tl.constexpr,
     FAST_CONVERT: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
-    USE_SOFTCAP: tl.constexpr,
-    USE_WINDOW: tl.constexpr,
 ):
+    """One (query tile, kv head): BLOCK_Q query tokens x all GROUP query heads, causal."""
     ROWS: tl.constexpr = BLOCK_Q * GROUP_PAD
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    if IS_DECODE:
-        seq = tl.program_id(0)
-        q_first = seq  # row of the sequence's query token in q_ptr
-        q_len = 1
-        tile_start = 0
-    else:
-        seq = tl.load(tile_seq_ptr + tl.program_id(0))
-        q_first = tl.load(cu_seqlens_q_ptr + seq)
-        q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_first
-        tile_start = tl.load(tile_start_ptr + tl.program_id(0))
+    seq = tl.load(tile_seq_ptr + tl.program_id(0))
+    q_first = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_first
+    tile_start = tl.load(tile_start_ptr + tl.program_id(0))
     seq_len = tl.load(seq_lens_ptr + seq)
 
     # ---- Query rows: row r is query token r // GROUP_PAD, query head r % GROUP_PAD ----
@@ -162,152 +403,100 @@ def _paged_attention_kernel(
     q_offsets = (q_first + row_token).to(tl.int64)[:, None] * stride_q_t
     q_offsets += row_head.to(tl.int64)[:, None] * stride_q_h + dims[None, :]
     q = tl.load(q_ptr + q_offsets, mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
+    q, score_scale = _prepare_query(q, softmax_scale, softcap, QUANTIZED)
 
-    if QUANTIZED:
-        # Exact power-of-two rescale so fp16 holds the query; undone in score_scale.
-        q32 = q.to(tl.float32)
-        q_absmax = tl.max(tl.max(tl.abs(q32), axis=1), axis=0)
-        exponent = ((q_absmax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-        exponent = tl.minimum(tl.maximum(exponent, -100), 100)
-        q = (q32 * ((127 - exponent) << 23).to(tl.float32, bitcast=True)).to(tl.float16)
-        score_scale = softmax_scale * ((127 + exponent) << 23).to(tl.float32, bitcast=True)
-    else:
-        score_scale = softmax_scale
-    if not USE_SOFTCAP:
-        score_scale = score_scale * _LOG2E
-
-    # ---- Key range of this program ----
     last_key = seq_len - q_len + tl.minimum(tile_start + BLOCK_Q, q_len) - 1
-    first_key = 0
-    if USE_WINDOW:
-        first_key = tl.maximum(seq_len - q_len + tile_start - sliding_window + 1, 0)
-    tile_lo = first_key // TILE_N + split * tiles_per_split
-    tile_hi = tl.minimum(tile_lo + tiles_per_split, last_key // TILE_N + 1)
-    if NUM_SPLITS == 1:
-        tile_hi = last_key // TILE_N + 1
-
-    running_max = tl.full([ROWS], float("-inf"), tl.float32)
-    running_sum = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, HEAD_PAD], tl.float32)
-    block_table_row = block_table_ptr + seq.to(tl.int64) * stride_bt
-    kv_head64 = kv_head.to(tl.int64)
-    for tile in range(tile_lo, tile_hi):
-        keys = tile * TILE_N + tl.arange(0, TILE_N)  # [N]
-        key_valid = (keys >= first_key) & (keys <= last_key)
-        page = tl.load(block_table_row + keys // BLOCK_SIZE, mask=keys <= last_key, other=0)
-        page = page.to(tl.int64)
-        slot = keys % BLOCK_SIZE
-        # K tile [N, D], token-major; V tile [D, N], transposed within the page.
-        k_offsets = page[:, None] * stride_k_b + kv_head64 * stride_k_h
-        k_offsets += slot[:, None] * HEAD_SIZE + dims[None, :]
-        v_offsets = page[None, :] * stride_v_b + kv_head64 * stride_v_h
-        v_offsets += dims[:, None] * BLOCK_SIZE + slot[None, :]
-        k = tl.load(k_ptr + k_offsets, mask=key_valid[:, None] & dim_valid[None, :], other=0)
-        v = tl.load(v_ptr + v_offsets, mask=dim_valid[:, None] & key_valid[None, :], other=0)
-        if QUANTIZED:
-            scale_offsets = page * stride_s_b + kv_head64 * stride_s_h + slot
-            k_scale = tl.load(k_scale_ptr + scale_offsets, mask=key_valid, other=0.0)
-            v_scale = tl.load(v_scale_ptr + scale_offsets, mask=key_valid, other=0.0)
-            k = _codes_to_f16(k, FAST_CONVERT)
-            v = _codes_to_f16(v, FAST_CONVERT)
-            scores = tl.dot(q, tl.trans(k)) * (k_scale * score_scale)[None, :]  # [M, N]
-        elif DOT_IN_FP32:
-            scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-            scores = scores * score_scale
-        else:
-            scores = tl.dot(q, tl.trans(k)) * score_scale
-        if USE_SOFTCAP:
-            # softcap * tanh(s / softcap), tanh through exp2 so large |s| saturates cleanly.
-            two_x = scores * (2.0 * _LOG2E / softcap)
-            scores = softcap * (1.0 - 2.0 / (tl.exp2(two_x) + 1.0)) * _LOG2E
-        if IS_DECODE:
-            visible = key_valid[None, :]
-        else:
-            visible = key_valid[None, :] & (keys[None, :] <= row_pos[:, None])
-            if USE_WINDOW:
-                visible &= keys[None, :] > row_pos[:, None] - sliding_window
-        scores = tl.where(visible, scores, float("-inf"))
-
-        # ---- Online softmax (log2 units); a row with nothing visible yet keeps max -inf ----
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-        correction = tl.exp2(running_max - safe_max)
-        p = tl.exp2(scores - safe_max[:, None])
-        running_sum = running_sum * correction + tl.sum(p, axis=1)
-        running_max = new_max
-        if QUANTIZED:
-            # Largest finite V scale of the tile: NaN scales stay in their own columns.
-            tile_v_max = tl.max(tl.where(v_scale == v_scale, v_scale, 0.0), axis=0)
-            tile_v_max = tl.maximum(tile_v_max, 1e-6)
-            p = p * (v_scale / tile_v_max)[None, :]
-            # 0 * NaN would leak a poisoned token into rows that cannot see it (NaN policy).
-            p = tl.where(visible, p, 0.0)
-            pv = tl.dot(p.to(tl.float16), tl.trans(v))
-            acc = acc * correction[:, None] + pv * tile_v_max
-        elif DOT_IN_FP32:
-            # Rounded to the cache dtype first, as on the GPU path, then multiplied exactly.
-            p16 = p.to(v.dtype).to(tl.float32)
-            pv = tl.dot(p16, tl.trans(v.to(tl.float32)), input_precision="ieee")
-            acc = acc * correction[:, None] + pv
-        else:
-            acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), tl.trans(v))
+    window_first = tl.maximum(seq_len - q_len + tile_start - sliding_window + 1, 0)
+    first_key = tl.where(sliding_window > 0, window_first, 0)
+    acc, _, running_sum = _attend_tiles(
+        q,
+        score_scale,
+        row_pos,
+        first_key // TILE_N,
+        last_key // TILE_N + 1,
+        first_key,
+        last_key,
+        k_ptr,
+        v_ptr,
+        k_scale_ptr,
+        v_scale_ptr,
+        block_table_ptr + seq.to(tl.int64) * stride_bt,
+        kv_head,
+        softcap,
+        sliding_window,
+        stride_k_b,
+        stride_k_h,
+        stride_v_b,
+        stride_v_h,
+        stride_s_b,
+        stride_s_h,
+        ROWS,
+        HEAD_SIZE,
+        HEAD_PAD,
+        BLOCK_SIZE,
+        TILE_N,
+        False,
+        QUANTIZED,
+        FAST_CONVERT,
+        DOT_IN_FP32,
+    )
 
     # ---- Epilogue ----
     out_rows = (q_first + row_token).to(tl.int64)
-    store_mask = row_valid[:, None] & dim_valid[None, :]
-    if NUM_SPLITS == 1:
-        result = acc / running_sum[:, None]
-        o_offsets = out_rows[:, None] * stride_o_t + row_head.to(tl.int64)[:, None] * stride_o_h
-        tl.store(
-            out_ptr + o_offsets + dims[None, :],
-            result.to(out_ptr.dtype.element_ty),
-            mask=store_mask,
-        )
-    else:
-        stat_offsets = (out_rows * tl.num_programs(1) * GROUP + row_head) * NUM_SPLITS + split
-        tl.store(partial_max_ptr + stat_offsets, running_max, mask=row_valid)
-        tl.store(partial_sum_ptr + stat_offsets, running_sum, mask=row_valid)
-        tl.store(
-            partial_acc_ptr + stat_offsets[:, None] * HEAD_SIZE + dims[None, :],
-            acc,
-            mask=store_mask,
-        )
+    result = acc / running_sum[:, None]
+    o_offsets = out_rows[:, None] * stride_o_t + row_head.to(tl.int64)[:, None] * stride_o_h
+    tl.store(
+        out_ptr + o_offsets + dims[None, :],
+        result.to(out_ptr.dtype.element_ty),
+        mask=row_valid[:, None] & dim_valid[None, :],
+    )
 
 
 @triton.jit
 def _reduce_splits_kernel(
-    out_ptr,  # [total_q, num_q_heads, head_size] query dtype
-    partial_acc_ptr,  # [total_q, num_q_heads, NUM_SPLITS, head_size] fp32
-    partial_max_ptr,  # [total_q, num_q_heads, NUM_SPLITS] fp32, log2 units
-    partial_sum_ptr,  # [total_q, num_q_heads, NUM_SPLITS] fp32
+    out_ptr,  # [num_seqs, num_q_heads, head_size] query dtype
+    partial_acc_ptr,  # [num_seqs, num_q_heads, num_splits, head_size] fp32
+    partial_max_ptr,  # [num_seqs, num_q_heads, num_splits] fp32, log2 units
+    partial_sum_ptr,  # [num_seqs, num_q_heads, num_splits] fp32
+    num_splits,
     stride_o_t: tl.int64,
     stride_o_h: tl.int64,
     HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
+    SPLIT_TILE: tl.constexpr,
 ):
+    """One (sequence, query head): combine the splits' partial results; two passes over them."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    splits = tl.arange(0, SPLITS_PAD)
+    splits = tl.arange(0, SPLIT_TILE)
     dims = tl.arange(0, HEAD_PAD)
-    base = (token * tl.num_programs(1) + head) * NUM_SPLITS
-    split_valid = splits < NUM_SPLITS
-    split_max = tl.load(partial_max_ptr + base + splits, mask=split_valid, other=float("-inf"))
-    split_sum = tl.load(partial_sum_ptr + base + splits, mask=split_valid, other=0.0)
-    split_acc = tl.load(
-        partial_acc_ptr + (base + splits)[:, None] * HEAD_SIZE + dims[None, :],
-        mask=split_valid[:, None] & (dims[None, :] < HEAD_SIZE),
-        other=0.0,
-    )
-    overall_max = tl.max(split_max, axis=0)
+    base = (token * tl.num_programs(1) + head) * num_splits
+    overall_max = tl.full([], float("-inf"), tl.float32)
+    for start in range(0, num_splits, SPLIT_TILE):
+        split_valid = start + splits < num_splits
+        split_max = tl.load(
+            partial_max_ptr + base + start + splits, mask=split_valid, other=float("-inf")
+        )
+        overall_max = tl.maximum(overall_max, tl.max(split_max, axis=0))
     overall_max = tl.where(overall_max == float("-inf"), 0.0, overall_max)
-    weight = tl.exp2(split_max - overall_max)  # an empty split has max -inf: weight 0
-    total = tl.sum(split_sum * weight, axis=0)
-    result = tl.sum(split_acc * weight[:, None], axis=0) / total
+    total = tl.zeros([], tl.float32)
+    result = tl.zeros([HEAD_PAD], tl.float32)
+    for start in range(0, num_splits, SPLIT_TILE):
+        split_valid = start + splits < num_splits
+        index = base + start + splits
+        split_max = tl.load(partial_max_ptr + index, mask=split_valid, other=float("-inf"))
+        split_sum = tl.load(partial_sum_ptr + index, mask=split_valid, other=0.0)
+        split_acc = tl.load(
+            partial_acc_ptr + index[:, None] * HEAD_SIZE + dims[None, :],
+            mask=split_valid[:, None] & (dims[None, :] < HEAD_SIZE),
+            other=0.0,
+        )
+        weight = tl.exp2(split_max - overall_max)  # an empty split has max -inf: weight 0
+        total += tl.sum(split_sum * weight, axis=0)
+        result += tl.sum(split_acc * weight[:, None], axis=0)
     tl.store(
         out_ptr + token * stride_o_t + head * stride_o_h + dims,
-        result.to(out_ptr.dtype.element_ty),
+        (result / total).to(out_ptr.dtype.element_ty),
         mask=dims < HEAD_SIZE,
     )
 
@@ -412,115 +601,220 @@ def _check_block_table(
     return int(max_len)
 
 
-def _launch(
-    query: torch.Tensor,
-    cache: PagedKVCache,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    grid0: int,
-    block_q: int,
-    num_splits: int,
-    tiles_per_split: int,
-    softmax_scale: float,
-    sliding_window: int | None,
-    softcap: float | None,
-    cu_seqlens_q: torch.Tensor | None,
-    tile_seq: torch.Tensor | None,
-    tile_start: torch.Tensor | None,
-) -> None:
-    group = query.shape[1] // cache.num_kv_heads
-    group_pad = next_power_of_2(group)
-    if block_q * group_pad < 16:  # tl.dot needs at least 16 rows
-        group_pad = 16 // block_q
-    head_pad = next_power_of_2(cache.head_size)
-    total_q, num_q_heads = query.shape[0], query.shape[1]
-    if num_splits > 1:
-        partial_acc = torch.empty(
-            total_q,
-            num_q_heads,
-            num_splits,
-            cache.head_size,
-            dtype=torch.float32,
-            device=query.device,
-        )
-        partial_max = torch.empty(
-            total_q, num_q_heads, num_splits, dtype=torch.float32, device=query.device
-        )
-        partial_sum = torch.empty_like(partial_max)
-    else:  # never dereferenced: NUM_SPLITS == 1 writes `out` directly
-        partial_acc = partial_max = partial_sum = out
-    # Pointers a mode never dereferences get any valid tensor.
-    k_scale = cache.k_scale if cache.k_scale is not None else cache.k
-    v_scale = cache.v_scale if cache.v_scale is not None else cache.v
-    unused_index = seq_lens
-    _paged_attention_kernel[(grid0, cache.num_kv_heads, num_splits)](
-        out,
-        partial_acc,
-        partial_max,
-        partial_sum,
-        query,
-        cache.k,
-        cache.v,
-        k_scale,
-        v_scale,
-        block_table,
-        seq_lens,
-        cu_seqlens_q if cu_seqlens_q is not None else unused_index,
-        tile_seq if tile_seq is not None else unused_index,
-        tile_start if tile_start is not None else unused_index,
-        softmax_scale,
-        softcap if softcap is not None else 1.0,
-        sliding_window if sliding_window is not None else 1,
-        tiles_per_split,
-        query.stride(0),
-        query.stride(1),
-        out.stride(0),
-        out.stride(1),
-        cache.k.stride(0),
-        cache.k.stride(1),
-        cache.v.stride(0),
-        cache.v.stride(1),
-        k_scale.stride(0),
-        k_scale.stride(1),
-        block_table.stride(0),
-        HEAD_SIZE=cache.head_size,
-        HEAD_PAD=head_pad,
-        BLOCK_SIZE=cache.block_size,
-        GROUP=group,
-        GROUP_PAD=group_pad,
-        BLOCK_Q=block_q,
-        TILE_N=_TILE_N,
-        NUM_SPLITS=num_splits,
-        IS_DECODE=cu_seqlens_q is None,
-        QUANTIZED=cache.is_quantized,
-        FAST_CONVERT=_fast_convert(query.device),
+def _attention_types(
+    kernel_params: str, model_dtype: torch.dtype, cache_dtype: torch.dtype, out_dtype: torch.dtype
+) -> dict[str, str]:
+    """Triton types of the attention kernels' runtime parameters, by name."""
+    quantized = cache_dtype == torch.int8
+    known = {
+        "out_ptr": pointer(out_dtype),
+        "partial_acc_ptr": pointer(torch.float32),
+        "partial_max_ptr": pointer(torch.float32),
+        "partial_sum_ptr": pointer(torch.float32),
+        "q_ptr": pointer(model_dtype),
+        "k_ptr": pointer(cache_dtype),
+        "v_ptr": pointer(cache_dtype),
+        # A 16-bit cache has no scales: the launcher passes its K tensor, never dereferenced.
+        "k_scale_ptr": pointer(torch.float32 if quantized else cache_dtype),
+        "v_scale_ptr": pointer(torch.float32 if quantized else cache_dtype),
+        "block_table_ptr": pointer(torch.int32),
+        "seq_lens_ptr": pointer(torch.int32),
+        "cu_seqlens_q_ptr": pointer(torch.int32),
+        "tile_seq_ptr": pointer(torch.int32),
+        "tile_start_ptr": pointer(torch.int32),
+        "softmax_scale": "fp32",
+        "softcap": "fp32",
+        "sliding_window": "i32",
+        "num_splits": "i32",
+        "tiles_per_split": "i32",
+    }
+    return {
+        name: known[name] if not name.startswith("stride_") else "i64"
+        for name in kernel_params.split()
+    }
+
+
+def _group_pad(gqa: int, block_q: int) -> int:
+    """Query heads per kv head, padded to a power of two, with block_q * it >= 16 for tl.dot."""
+    return max(next_power_of_2(gqa), triton.cdiv(16, block_q))
+
+
+def _shared_constexprs(
+    head_size: int, block_size: int, gqa: int, cache_dtype: torch.dtype, target: str
+) -> dict[str, int | float | bool]:
+    quantized = cache_dtype == torch.int8
+    return {
+        "HEAD_SIZE": head_size,
+        "HEAD_PAD": next_power_of_2(head_size),
+        "BLOCK_SIZE": block_size,
+        "GROUP": gqa,
+        "TILE_N": _TILE_N,
+        "QUANTIZED": quantized,
+        # The byte-permute conversion is inline PTX: NVIDIA only.
+        "FAST_CONVERT": quantized and target == "cuda",
         # Triton's interpreter multiplies bf16 tiles as raw integers; give it fp32 (exact here).
-        DOT_IN_FP32=interpreted() and not cache.is_quantized,
-        USE_SOFTCAP=softcap is not None,
-        USE_WINDOW=sliding_window is not None,
+        "DOT_IN_FP32": target == "interpreter" and not quantized,
+    }
+
+
+# The block table's row stride is the caller's max blocks per sequence: any value.
+_FREE_STRIDES = ("stride_bt",)
+
+_RUNTIME_PARAMS = {
+    "decode_attention": (
+        "partial_acc_ptr partial_max_ptr partial_sum_ptr q_ptr k_ptr v_ptr k_scale_ptr "
+        "v_scale_ptr block_table_ptr seq_lens_ptr softmax_scale softcap sliding_window "
+        "num_splits tiles_per_split stride_q_t stride_q_h stride_k_b stride_k_h stride_v_b "
+        "stride_v_h stride_s_b stride_s_h stride_bt"
+    ),
+    "prefill_attention": (
+        "out_ptr q_ptr k_ptr v_ptr k_scale_ptr v_scale_ptr block_table_ptr seq_lens_ptr "
+        "cu_seqlens_q_ptr tile_seq_ptr tile_start_ptr softmax_scale softcap sliding_window "
+        "stride_q_t stride_q_h stride_o_t stride_o_h stride_k_b stride_k_h stride_v_b "
+        "stride_v_h stride_s_b stride_s_h stride_bt"
+    ),
+    "reduce_splits": (
+        "out_ptr partial_acc_ptr partial_max_ptr partial_sum_ptr num_splits stride_o_t stride_o_h"
+    ),
+}
+
+
+@functools.cache
+def decode_spec(
+    *,
+    head_size: int,
+    block_size: int,
+    gqa: int,
+    model_dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    target: str,
+) -> KernelSpec:
+    """The decode kernel the launcher compiles; ``target`` also takes "interpreter".
+
+    Cached: launches call it every time. Tuning sweeps that change the module's constants call
+    ``clear_spec_caches()``."""
+    constexprs = _shared_constexprs(head_size, block_size, gqa, cache_dtype, target)
+    constexprs["GROUP_PAD"] = _group_pad(gqa, 1)
+    types = _attention_types(
+        _RUNTIME_PARAMS["decode_attention"], model_dtype, cache_dtype, model_dtype
+    )
+    return make_spec(
+        "decode_attention",
+        _decode_kernel,
+        types,
+        constexprs,
+        num_warps=_NUM_WARPS,
+        num_stages=_NUM_STAGES_INT8 if cache_dtype == torch.int8 else _NUM_STAGES,
+        unaligned=_FREE_STRIDES,
+    )
+
+
+@functools.cache
+def prefill_spec(
+    *,
+    head_size: int,
+    block_size: int,
+    gqa: int,
+    model_dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    target: str,
+    out_dtype: torch.dtype | None = None,
+) -> KernelSpec:
+    """The prefill kernel the launcher compiles; out_dtype (fp32 for tests) defaults to model's."""
+    constexprs = _shared_constexprs(head_size, block_size, gqa, cache_dtype, target)
+    block_q = max(_PREFILL_ROWS // next_power_of_2(gqa), 1)
+    constexprs["GROUP_PAD"] = _group_pad(gqa, block_q)
+    constexprs["BLOCK_Q"] = block_q
+    types = _attention_types(
+        _RUNTIME_PARAMS["prefill_attention"], model_dtype, cache_dtype, out_dtype or model_dtype
+    )
+    return make_spec(
+        "prefill_attention",
+        _prefill_kernel,
+        types,
+        constexprs,
         num_warps=_NUM_WARPS,
         num_stages=_NUM_STAGES,
+        unaligned=_FREE_STRIDES,
     )
-    if num_splits > 1:
-        _reduce_splits_kernel[(total_q, num_q_heads)](
-            out,
-            partial_acc,
-            partial_max,
-            partial_sum,
-            out.stride(0),
-            out.stride(1),
-            HEAD_SIZE=cache.head_size,
-            HEAD_PAD=head_pad,
-            NUM_SPLITS=num_splits,
-            SPLITS_PAD=next_power_of_2(num_splits),
-        )
 
 
-def _fast_convert(device: torch.device) -> bool:
-    """The PTX conversion runs on NVIDIA GPUs only: not in the interpreter, not on ROCm."""
-    return device.type == "cuda" and torch.version.hip is None and not interpreted()
+@functools.cache
+def reduce_spec(
+    *, head_size: int, model_dtype: torch.dtype, out_dtype: torch.dtype | None = None
+) -> KernelSpec:
+    """The split reducer the launcher compiles (the same on every target)."""
+    types = _attention_types(
+        _RUNTIME_PARAMS["reduce_splits"], model_dtype, model_dtype, out_dtype or model_dtype
+    )
+    constexprs: dict[str, int | float | bool] = {
+        "HEAD_SIZE": head_size,
+        "HEAD_PAD": next_power_of_2(head_size),
+        "SPLIT_TILE": _SPLIT_TILE,
+    }
+    return make_spec(
+        "reduce_splits", _reduce_splits_kernel, types, constexprs, num_warps=4, num_stages=1
+    )
+
+
+def clear_spec_caches() -> None:
+    """Forget derived specs, after a tuning sweep changed the module's constants."""
+    for spec_function in (decode_spec, prefill_spec, reduce_spec):
+        spec_function.cache_clear()
+
+
+def aot_specs(
+    *,
+    head_size: int,
+    block_size: int,
+    gqa: int,
+    model_dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    target: str,
+) -> list[KernelSpec]:
+    """Decode attention, its split reducer and prefill attention for one model configuration.
+
+    Softcap, sliding window and the split count are runtime arguments, so these three kernels
+    serve every call of that configuration (output in the model dtype).
+    """
+    check_target(target)
+    geometry = {
+        "head_size": head_size,
+        "block_size": block_size,
+        "gqa": gqa,
+        "model_dtype": model_dtype,
+        "cache_dtype": cache_dtype,
+        "target": target,
+    }
+    return [
+        decode_spec(**geometry),
+        reduce_spec(head_size=head_size, model_dtype=model_dtype),
+        prefill_spec(**geometry),
+    ]
+
+
+def _scale_tensors(cache: PagedKVCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scale tensors, or (never dereferenced) the K tensor for a 16-bit cache."""
+    if cache.k_scale is None or cache.v_scale is None:
+        return cache.k, cache.k
+    return cache.k_scale, cache.v_scale
+
+
+def _index_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The kernels take int32 indices (the spec's signature); seq_lens may come as int64."""
+    return tensor if tensor.dtype == torch.int32 else tensor.to(torch.int32)
+
+
+def _geometry(query: torch.Tensor, cache: PagedKVCache) -> dict[str, Any]:
+    """The spec arguments of a launch: the same derivation as ``aot_specs``."""
+    return {
+        "head_size": cache.head_size,
+        "block_size": cache.block_size,
+        "gqa": query.shape[1] // cache.num_kv_heads,
+        "model_dtype": query.dtype,
+        "cache_dtype": cache.dtype,
+        "target": runtime_target(query.device),
+    }
 
 
 def decode_attention(
@@ -580,22 +874,56 @@ def decode_attention(
     num_splits = max(1, min(num_splits, num_tiles))
     tiles_per_split = triton.cdiv(num_tiles, num_splits)
     num_splits = triton.cdiv(num_tiles, tiles_per_split)
-    _launch(
+    geometry = _geometry(query, cache)
+    decode = decode_spec(**geometry)
+    reduce = reduce_spec(head_size=cache.head_size, model_dtype=query.dtype, out_dtype=result.dtype)
+    num_q_heads = query.shape[1]
+    partial_acc = torch.empty(
+        num_seqs, num_q_heads, num_splits, cache.head_size, dtype=torch.float32, device=query.device
+    )
+    partial_max = torch.empty(
+        num_seqs, num_q_heads, num_splits, dtype=torch.float32, device=query.device
+    )
+    partial_sum = torch.empty_like(partial_max)
+    k_scale, v_scale = _scale_tensors(cache)
+    launch(
+        decode,
+        (num_seqs, cache.num_kv_heads, num_splits),
+        partial_acc,
+        partial_max,
+        partial_sum,
         query,
-        cache,
+        cache.k,
+        cache.v,
+        k_scale,
+        v_scale,
         block_table,
-        seq_lens,
+        _index_tensor(seq_lens),
+        softmax_scale,
+        softcap or 0.0,
+        sliding_window or 0,
+        num_splits,
+        tiles_per_split,
+        query.stride(0),
+        query.stride(1),
+        cache.k.stride(0),
+        cache.k.stride(1),
+        cache.v.stride(0),
+        cache.v.stride(1),
+        k_scale.stride(0),
+        k_scale.stride(1),
+        block_table.stride(0),
+    )
+    launch(
+        reduce,
+        (num_seqs, num_q_heads),
         result,
-        grid0=num_seqs,
-        block_q=1,
-        num_splits=num_splits,
-        tiles_per_split=tiles_per_split,
-        softmax_scale=softmax_scale,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        cu_seqlens_q=None,
-        tile_seq=None,
-        tile_start=None,
+        partial_acc,
+        partial_max,
+        partial_sum,
+        num_splits,
+        result.stride(0),
+        result.stride(1),
     )
     return result
 
@@ -652,8 +980,8 @@ def prefill_attention(
         )
     check_runnable("query", query)
     result = out if out is not None else torch.empty_like(query)
-    group_pad = next_power_of_2(query.shape[1] // cache.num_kv_heads)
-    block_q = max(_PREFILL_ROWS // group_pad, 1)
+    spec = prefill_spec(**_geometry(query, cache), out_dtype=result.dtype)
+    block_q = int(spec.constexprs["BLOCK_Q"])
     tile_seq: list[int] = []
     tile_start: list[int] = []
     for i, q_len in enumerate(q_lens):
@@ -662,21 +990,34 @@ def prefill_attention(
             tile_start.append(start)
     if not tile_seq:
         return result
-    _launch(
-        query,
-        cache,
-        block_table,
-        seq_lens,
+    k_scale, v_scale = _scale_tensors(cache)
+    launch(
+        spec,
+        (len(tile_seq), cache.num_kv_heads),
         result,
-        grid0=len(tile_seq),
-        block_q=block_q,
-        num_splits=1,
-        tiles_per_split=0,
-        softmax_scale=softmax_scale,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        cu_seqlens_q=cu_seqlens_q,
-        tile_seq=torch.tensor(tile_seq, dtype=torch.int32, device=cache.device),
-        tile_start=torch.tensor(tile_start, dtype=torch.int32, device=cache.device),
+        query,
+        cache.k,
+        cache.v,
+        k_scale,
+        v_scale,
+        block_table,
+        _index_tensor(seq_lens),
+        _index_tensor(cu_seqlens_q),
+        torch.tensor(tile_seq, dtype=torch.int32, device=cache.device),
+        torch.tensor(tile_start, dtype=torch.int32, device=cache.device),
+        softmax_scale,
+        softcap or 0.0,
+        sliding_window or 0,
+        query.stride(0),
+        query.stride(1),
+        result.stride(0),
+        result.stride(1),
+        cache.k.stride(0),
+        cache.k.stride(1),
+        cache.v.stride(0),
+        cache.v.stride(1),
+        k_scale.stride(0),
+        k_scale.stride(1),
+        block_table.stride(0),
     )
     return result

@@ -1,0 +1,35 @@
+"""Ahead-of-time build of every kvquant Triton kernel for gfx90a (and sm_90) on a CPU machine.
+
+``build()`` compiles each cell of a TOML matrix with ``triton.compile`` for the chosen targets,
+verifies every code object (no GPU needed), records each kernel's resource use and gfx90a
+occupancy in ``manifest.json``, and caches by source hash, Triton version and cell. It must run
+in a process with compiled Triton: ``TRITON_INTERPRET`` unset (or 0).
+"""
+
+from ._build import BUILD_FORMAT, build, default_cache_dir, diff_manifests
+from ._elf import unpack_msgpack, verify_cubin, verify_hsaco
+from ._errors import ArtifactError, BuildError, MatrixFileError, UnknownTargetError
+from ._matrix import GATES, load_matrix, parse_matrix
+from ._report import format_report
+from ._resources import cdna2_waves_per_simd
+from ._targets import TARGETS
+
+__all__ = [
+    "BUILD_FORMAT",
+    "GATES",
+    "TARGETS",
+    "ArtifactError",
+    "BuildError",
+    "MatrixFileError",
+    "UnknownTargetError",
+    "build",
+    "cdna2_waves_per_simd",
+    "default_cache_dir",
+    "diff_manifests",
+    "format_report",
+    "load_matrix",
+    "parse_matrix",
+    "unpack_msgpack",
+    "verify_cubin",
+    "verify_hsaco",
+]
