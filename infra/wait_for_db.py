@@ -50,9 +50,12 @@ def wait_for(host: str, port: int, timeout_s: float) -> int:
                     f"{timeout_s:g} s: {exc.strerror or exc}"
                 )
                 raise TimeoutError(msg) from None
-            print(f"database at {host}:{port} not reachable yet; retrying in {min(delay, left):.0f} s",
-                  file=sys.stderr)
-            time.sleep(min(delay, left))
+            pause = min(delay, left)
+            print(
+                f"database at {host}:{port} not reachable yet; retrying in {pause:.0f} s",
+                file=sys.stderr,
+            )
+            time.sleep(pause)
             delay = min(delay * 2, MAX_DELAY_S)
 
 

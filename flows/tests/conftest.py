@@ -73,6 +73,8 @@ def running_prefect_server(home: Path, database_url: str) -> Iterator[PrefectSer
         "PREFECT_LOGGING_LEVEL": "WARNING",
         # Workers poll often, so a test waits seconds, not the default 10 s, for a pickup.
         "PREFECT_WORKER_QUERY_SECONDS": "2",
+        # The kernel build cache of these runs stays out of the user's ~/.cache.
+        "KVQUANT_BUILD_CACHE": str(home / "kvquant-build-cache"),
     }
     with (home / "server.log").open("w") as log:
         server = subprocess.Popen(
@@ -171,6 +173,31 @@ def small_fork(tmp_path_factory: pytest.TempPathFactory) -> ForkFixture:
     }
     _commit_tree(fork, patched, "[Arch] Support bmz and nmz")
     return ForkFixture(fork=str(base / "fork"), upstream=f"git:{base / 'upstream'}@v1")
+
+
+# One small kernel for one target: the kernels stage runs for real, in seconds. The full matrix
+# is kvquant's build tests' and `nox -s kernels`' business.
+TINY_KERNEL_MATRIX = """\
+specs = "kvquant.ops:aot_specs"
+[axes]
+head_size = [64]
+block_size = [16]
+gqa = [1]
+model_dtype = ["bf16"]
+cache_dtype = ["int8"]
+kernels = ["reduce_splits"]
+num_warps = []
+num_stages = []
+[gates]
+max_vgpr_spills = 0
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_kernel_matrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("kernels") / "matrix.toml"
+    path.write_text(TINY_KERNEL_MATRIX)
+    return path
 
 
 @pytest.fixture

@@ -64,6 +64,7 @@ def _flow_runs(server: PrefectServer, **filters: object) -> list[dict[str, objec
 def test_two_runs_share_one_gpu_in_turn_and_write_adrs_on_cpu(
     cluster: PrefectServer, small_fork: ForkFixture, adr_copy: Path, tmp_path: Path
 ) -> None:
+    # audit and the ADRs on the CPU pool; correctness (which needs no GPU here) on the GPU pool.
     results = tmp_path / "shared-results"  # the shared results location both pools can see
     workers = [
         _start_worker(cluster, "cpu", tmp_path / "cpu-worker.log"),
@@ -84,9 +85,12 @@ def test_two_runs_share_one_gpu_in_turn_and_write_adrs_on_cpu(
             for _ in range(2)
         ]
         assert all(s.returncode == 0 for s in started), [s.stderr for s in started]
+        # By id: the nightly's cron schedule adds runs of its own, for 02:00.
+        run_ids = [match.group(0) for s in started if (match := UUID.search(s.stdout))]
+        assert len(run_ids) == 2, [s.stdout for s in started]
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while True:
-            pipelines = _flow_runs(cluster, flows={"name": {"any_": ["pipeline"]}})
+            pipelines = _flow_runs(cluster, flow_runs={"id": {"any_": run_ids}})
             if len(pipelines) == 2 and all(
                 run["state"]["type"] in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}  # type: ignore[index]
                 for run in pipelines

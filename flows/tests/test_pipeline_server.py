@@ -39,102 +39,116 @@ def _run_deployment(
     return flow_run
 
 
-def _params(fork: ForkFixture, adr_dir: Path, results: Path) -> dict[str, object]:
+@pytest.fixture
+def params(
+    small_fork: ForkFixture, adr_copy: Path, tmp_path: Path, tiny_kernel_matrix: Path
+) -> dict[str, object]:
+    """Deployment parameters: the fork fixture, a temporary copy of the ADRs and results root."""
     return {
-        "fork": fork.fork,
-        "upstream": fork.upstream,
+        "fork": small_fork.fork,
+        "upstream": small_fork.upstream,
         "scope": None,
-        "adr_dir": str(adr_dir),
-        "results_root": str(results),
+        "adr_dir": str(adr_copy),
+        "results_root": str(tmp_path / "results"),
+        "kernel_matrix": str(tiny_kernel_matrix),
+        "kernel_targets": ["gfx90a"],
         # Every stage in the worker's own process: these tests start no GPU-pool worker.
         "pools": {},
     }
 
 
-def test_nightly_deployment_runs_audit_and_writes_adrs(
-    deployed: PrefectServer, small_fork: ForkFixture, adr_copy: Path, tmp_path: Path
-) -> None:
-    results = tmp_path / "results"
-    flow_run = _run_deployment(deployed, "pipeline/nightly", _params(small_fork, adr_copy, results))
+def _adr(params: dict[str, object], name: str) -> str:
+    return (Path(str(params["adr_dir"])) / name).read_text()
+
+
+def _state(flow_run: dict[str, object]) -> dict[str, object]:
     state = flow_run["state"]
     assert isinstance(state, dict)
-    assert state["type"] == "COMPLETED", state
+    return state
 
-    record = load_latest(results)["audit"]
-    assert record.provenance.flow_run_id == flow_run["id"]
-    assert record.metrics["files_modified"] == 2
+
+def test_nightly_deployment_runs_every_stage_and_writes_adrs(
+    deployed: PrefectServer, params: dict[str, object]
+) -> None:
+    flow_run = _run_deployment(deployed, "pipeline/nightly", params)
+    assert _state(flow_run)["type"] == "COMPLETED", _state(flow_run)
+
+    records = load_latest(Path(str(params["results_root"])))
+    assert set(records) == {"audit", "kernels", "correctness"}
+    audit = records["audit"]
+    assert audit.provenance.flow_run_id == flow_run["id"]
+    assert audit.metrics["files_modified"] == 2
     # The fork's patch touches env vars and an attention backend: a gate failure, recorded.
-    assert record.status == "failed"
-    assert not record.gates_passed
+    assert audit.status == "failed"
+    assert not audit.gates_passed
+    assert records["kernels"].metrics["cells"] == 1
+    assert records["correctness"].status == "passed"
 
-    audit_adr = (adr_copy / "0012-vendor-fork-audit.md").read_text()
+    audit_adr = _adr(params, "0012-vendor-fork-audit.md")
     for key in ("audit-summary", "audit-findings"):
         body = audit_adr.split(f"<!-- generated:{key} begin -->")[1].split("<!-- generated:")[0]
         assert str(flow_run["id"]) in body, key
     assert "vllm/envs.py" in audit_adr
-    status_adr = (adr_copy / "0001-record-architecture-decisions.md").read_text()
+    kernels_adr = _adr(params, "0009-int8-kv-cache-quantization.md")
+    assert "| gfx90a | reduce_splits |" in kernels_adr
+    status_adr = _adr(params, "0001-record-architecture-decisions.md")
     assert f"流程运行 `{flow_run['id']}`" in status_adr
 
-    artifacts = deployed.api(
-        "POST",
-        "/artifacts/filter",
-        {"artifacts": {"key": {"any_": ["audit-report", "audit-findings", "adr-update"]}}},
-    )
+    keys = [
+        "audit-report",
+        "audit-findings",
+        "kernels-report",
+        "kernels-resources",
+        "correctness-report",
+        "correctness-errors",
+        "adr-update",
+    ]
+    artifacts = deployed.api("POST", "/artifacts/filter", {"artifacts": {"key": {"any_": keys}}})
     assert isinstance(artifacts, list)
-    assert {a["key"] for a in artifacts} == {"audit-report", "audit-findings", "adr-update"}
+    assert {a["key"] for a in artifacts} == set(keys)
 
 
 def test_milestone_deployment_fails_on_a_failed_gate_after_writing_adrs(
-    deployed: PrefectServer, small_fork: ForkFixture, adr_copy: Path, tmp_path: Path
+    deployed: PrefectServer, params: dict[str, object]
 ) -> None:
-    results = tmp_path / "results"
-    params = _params(small_fork, adr_copy, results) | {"milestone": "m1", "stages": ["audit"]}
+    params |= {"milestone": "m1", "stages": ["audit"]}
     flow_run = _run_deployment(deployed, "pipeline/milestone", params)
-    state = flow_run["state"]
-    assert isinstance(state, dict)
-    assert state["type"] == "FAILED", state
-    assert "gate vendor_risk_changes" in str(state["message"])
-    audit_adr = (adr_copy / "0012-vendor-fork-audit.md").read_text()
-    assert str(flow_run["id"]) in audit_adr
+    assert _state(flow_run)["type"] == "FAILED", _state(flow_run)
+    assert "gate vendor_risk_changes" in str(_state(flow_run)["message"])
+    assert str(flow_run["id"]) in _adr(params, "0012-vendor-fork-audit.md")
 
 
 def test_nightly_records_a_crashed_stage_and_runs_the_others(
-    deployed: PrefectServer, small_fork: ForkFixture, adr_copy: Path, tmp_path: Path
+    deployed: PrefectServer, params: dict[str, object], tmp_path: Path
 ) -> None:
-    results = tmp_path / "results"
-    missing = ForkFixture(fork=str(tmp_path / "no-such-fork"), upstream=small_fork.upstream)
-    flow_run = _run_deployment(deployed, "pipeline/nightly", _params(missing, adr_copy, results))
-    state = flow_run["state"]
-    assert isinstance(state, dict)
-    assert state["type"] == "COMPLETED", state
+    params |= {"fork": str(tmp_path / "no-such-fork"), "stages": ["audit", "correctness"]}
+    flow_run = _run_deployment(deployed, "pipeline/nightly", params)
+    assert _state(flow_run)["type"] == "COMPLETED", _state(flow_run)
 
-    records = load_latest(results)
+    records = load_latest(Path(str(params["results_root"])))
     assert records["audit"].status == "failed"
     assert "no-such-fork" in str(records["audit"].reason)
     assert "\n" not in str(records["audit"].reason)
     assert records["correctness"].status == "passed"
-    status_adr = (adr_copy / "0001-record-architecture-decisions.md").read_text()
+    status_adr = _adr(params, "0001-record-architecture-decisions.md")
     assert "| audit | 失败 |" in status_adr
     assert "| correctness | 通过 |" in status_adr
 
 
 def test_a_gpu_stage_with_no_worker_is_reported_not_run(
-    deployed: PrefectServer, small_fork: ForkFixture, adr_copy: Path, tmp_path: Path
+    deployed: PrefectServer, params: dict[str, object]
 ) -> None:
-    results = tmp_path / "results"
-    params = _params(small_fork, adr_copy, results) | {
+    params |= {
         "stages": ["correctness"],
         "pools": {"correctness": "gfx90a"},
         "pickup_timeout_s": 5,
     }
     flow_run = _run_deployment(deployed, "pipeline/nightly", params)
-    state = flow_run["state"]
-    assert isinstance(state, dict)
-    assert state["type"] == "COMPLETED", state
-    record = load_latest(results)["correctness"]
+    assert _state(flow_run)["type"] == "COMPLETED", _state(flow_run)
+    record = load_latest(Path(str(params["results_root"])))["correctness"]
     assert record.status == "skipped"
     assert record.reason == (
         "not run: no worker on pool 'gfx90a' took the correctness run within 5 s"
     )
-    status_adr = (adr_copy / "0001-record-architecture-decisions.md").read_text()
+    status_adr = _adr(params, "0001-record-architecture-decisions.md")
     assert "| correctness | 跳过 | not run: no worker on pool 'gfx90a'" in status_adr
