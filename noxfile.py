@@ -17,7 +17,10 @@ nox.options.sessions = ["lint", "test"]
 
 ROOT = Path(__file__).parent
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
-PACKAGES = ["adr", "audit", "kvquant"]
+# In dependency order: kvbench needs kvquant installed from here, not from an index.
+PACKAGES = ["adr", "audit", "kvquant", "bench"]
+# Extras installed with a package, for its tests and the pipeline's stages.
+EXTRAS = {"bench": "[accuracy,throughput]"}
 CPU_TORCH = "torch==2.13.0"
 
 # Decided once, from the interpreter running nox: is there a torch we must not replace?
@@ -39,7 +42,7 @@ def _install(session: nox.Session, *groups: str, editable: bool = True) -> None:
         # Only here: a vendor image ships its own Triton (on ROCm under another distribution
         # name), and a second one from the index would shadow it.
         session.install(CPU_TORCH, "triton")
-    packages = [str(ROOT / "packages" / name) for name in PACKAGES]
+    packages = [str(ROOT / "packages" / name) + EXTRAS.get(name, "") for name in PACKAGES]
     session.install(*(a for p in packages for a in (("-e", p) if editable else (p,))))
     for group in groups:
         session.install(*nox.project.dependency_groups(PYPROJECT, group))
@@ -57,6 +60,7 @@ def test(session: nox.Session) -> None:
     targets = session.posargs or [
         *(f"packages/{name}/tests" for name in PACKAGES),
         "flows/tests",
+        "infra/tests",
     ]
     for target in targets:
         # One pytest per package: each reads its own pyproject's configuration.
@@ -65,10 +69,12 @@ def test(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Check style and formatting with ruff."""
+    """Check style and formatting with ruff; the Dockerfiles and the compose file too."""
     session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("hadolint", *map(str, sorted(ROOT.glob("infra/docker/*.Dockerfile"))))
+    session.run("check-jsonschema", "--builtin-schema", "vendor.compose-spec", "infra/compose.yaml")
 
 
 @nox.session(venv_params=VENV_PARAMS)

@@ -96,7 +96,7 @@ def correctness_record(
                         c["rel_l2"],
                         c["tolerance"],
                         c["quant_rel_l2"],
-                        "passed" if c["passed"] else "failed",
+                        "passed" if c["passed"] else c.get("error") or "failed",
                     ]
                     for c in cases
                 ],

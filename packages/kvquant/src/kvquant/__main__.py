@@ -91,6 +91,7 @@ def _table(result: dict[str, Any]) -> str:
             f"{case['block_size']:>5} {case['gqa']:>3} {case['rel_l2']:>9.2e} "
             f"{case['tolerance']:>7.0e} {case['quant_rel_l2']:>9.2e}  "
             f"{'yes' if case['passed'] else 'NO'}"
+            + (f"  {case['error']}" if case.get("error") else "")
         )
     lines.append("")
     for edge in result["edge_cases"]:

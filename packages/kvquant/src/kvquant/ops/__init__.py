@@ -26,15 +26,17 @@ def aot_specs(
     Args:
         target: "cuda" or "hip"; "hip" never selects NVIDIA-only code (the inline-PTX convert).
     """
-    geometry = {
-        "head_size": head_size,
-        "block_size": block_size,
-        "gqa": gqa,
-        "model_dtype": model_dtype,
-        "cache_dtype": cache_dtype,
-        "target": target,
-    }
-    return [*paged_attention.aot_specs(**geometry), *cache_write.aot_specs(**geometry)]
+    specs: list[KernelSpec] = []
+    for module in (paged_attention, cache_write):
+        specs += module.aot_specs(
+            head_size=head_size,
+            block_size=block_size,
+            gqa=gqa,
+            model_dtype=model_dtype,
+            cache_dtype=cache_dtype,
+            target=target,
+        )
+    return specs
 
 
 __all__ = ["KernelSpec", "aot_specs"]

@@ -3,6 +3,9 @@
 The 16-bit variant is the same kernel with quantization compiled out (QUANTIZE=False).
 """
 
+# mypy: disable-error-code="no-untyped-def"
+# (@triton.jit kernels take Triton tensors and constexprs, which have no Python types.)
+
 from __future__ import annotations
 
 import functools
@@ -173,7 +176,7 @@ def cache_write_spec(
         "stride_scale_h",
     ]:
         types[stride] = "i64"
-    constexprs = {
+    constexprs: dict[str, int | float | bool] = {
         "HEAD_SIZE": head_size,
         "HEAD_PAD": next_power_of_2(head_size),
         "BLOCK_SIZE": block_size,

@@ -21,6 +21,9 @@ INT8 specifics (why they are done this way):
   ``_codes_to_f16``.
 """
 
+# mypy: disable-error-code="no-untyped-def"
+# (@triton.jit kernels take Triton tensors and constexprs, which have no Python types.)
+
 from __future__ import annotations
 
 import functools
@@ -520,7 +523,7 @@ def choose_num_splits(
     wanted = triton.cdiv(sms * _DECODE_PROGRAMS_PER_SM, max(num_seqs * num_kv_heads, 1))
     splits = min(max(wanted, 1), num_tiles)
     # Rounding: every split gets the same whole number of tiles and the last one is not empty.
-    return triton.cdiv(num_tiles, triton.cdiv(num_tiles, splits))
+    return int(triton.cdiv(num_tiles, triton.cdiv(num_tiles, splits)))
 
 
 def _check_attention_inputs(
@@ -634,9 +637,17 @@ def _attention_types(
     }
 
 
+# Prefill at head 256 runs out of shared memory when pipelined. On sm_90 (AOT compile, Triton
+# 3.9, GQA 8, block 16) the 16-bit kernel needs 295,424 bytes at 3 stages and 294,912 at 2, past
+# the H200's 232,448 (the H200 run of `kvquant check --full` failed with the first figure);
+# 1 stage needs 98,304. INT8 at 3 stages needs 230,912, too close to the limit to keep.
+def _prefill_stages(head_size: int) -> int:
+    return 1 if next_power_of_2(head_size) >= 256 else _NUM_STAGES
+
+
 def _group_pad(gqa: int, block_q: int) -> int:
     """Query heads per kv head, padded to a power of two, with block_q * it >= 16 for tl.dot."""
-    return max(next_power_of_2(gqa), triton.cdiv(16, block_q))
+    return max(next_power_of_2(gqa), int(triton.cdiv(16, block_q)))
 
 
 def _shared_constexprs(
@@ -734,7 +745,7 @@ def prefill_spec(
         types,
         constexprs,
         num_warps=_NUM_WARPS,
-        num_stages=_NUM_STAGES,
+        num_stages=_prefill_stages(head_size),
         unaligned=_FREE_STRIDES,
     )
 
