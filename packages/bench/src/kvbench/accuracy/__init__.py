@@ -1,0 +1,31 @@
+"""Accuracy of a 16-bit against an INT8 KV cache: paired lm-eval comparisons on a real model.
+
+`run_accuracy` runs the configured tasks twice per mode (baseline and INT8 cache) through the
+lm-eval model ``kvquant-hf`` and returns per-task paired statistics with the config's gate.
+Importing this package stays light; lm-eval, transformers and torch load on first use.
+"""
+
+from __future__ import annotations
+
+from ._errors import (
+    AccuracyError,
+    ConfigError,
+    ModelLoadError,
+    UnknownTaskError,
+    UnsupportedModelError,
+)
+from ._run import run_accuracy
+from ._stats import PairedStats, gate_passes, mcnemar_exact, paired_stats
+
+__all__ = [
+    "AccuracyError",
+    "ConfigError",
+    "ModelLoadError",
+    "PairedStats",
+    "UnknownTaskError",
+    "UnsupportedModelError",
+    "gate_passes",
+    "mcnemar_exact",
+    "paired_stats",
+    "run_accuracy",
+]

@@ -1,0 +1,21 @@
+"""Exceptions of the accuracy benchmark. Only the CLI turns them into exit codes."""
+
+
+class AccuracyError(Exception):
+    """Base class of every error the accuracy benchmark raises on purpose; one line each."""
+
+
+class ConfigError(AccuracyError):
+    """The accuracy config file is missing, not TOML, or has a wrong or unknown key."""
+
+
+class ModelLoadError(AccuracyError):
+    """The model path does not exist or holds no loadable causal LM."""
+
+
+class UnsupportedModelError(AccuracyError):
+    """The model has no KV cache to quantize, e.g. an encoder-only model."""
+
+
+class UnknownTaskError(AccuracyError):
+    """A task name is not among the offline tasks shipped under packages/bench/tasks."""

@@ -1,0 +1,303 @@
+"""Attention for Hugging Face models that reads K and V back from a KV cache we own.
+
+The model runs with ``use_cache=False`` and ``attn_implementation="kvquant"``; every forward call
+passes a `KVSession` as the ``kv_session`` keyword, which transformers hands to each attention
+call. Each layer writes its new tokens' K/V into the session's cache for that layer and then
+attends over what the cache holds, so INT8 rounding reaches every query that reads the cache.
+
+Caches by ``kv_cache_dtype``:
+- ``int8``: a kvquant paged cache, per-(token, kv-head) dynamic scales. kvquant's torch reference
+  on CPU, its Triton kernels on a GPU.
+- ``auto``: the model dtype. A kvquant 16-bit paged cache for fp16/bf16 models; for fp32 models
+  (CPU), which kvquant does not store, a dense fp32 cache, i.e. exact.
+- ``fp8_e4m3``: emulated as vLLM stores fp8 without calibrated scales (per-tensor scale 1.0;
+  values beyond +-448 clamp), stored as torch.float8_e4m3fn and read back as fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from ._config import KV_CACHE_DTYPES
+from ._errors import AccuracyError, UnsupportedModelError
+
+ATTN_IMPLEMENTATION = "kvquant"
+# kvquant's page size; 16 is vLLM's default block size.
+_BLOCK_SIZE = 16
+# Largest finite float8_e4m3fn value; torch's cast would turn larger values into NaN.
+_FP8_E4M3_MAX = 448.0
+
+
+class _LayerCache(Protocol):
+    def write(self, key: torch.Tensor, value: torch.Tensor, start: int) -> None:
+        """Store ``key``/``value [n, num_kv_heads, head_size]`` at positions ``start...``."""
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        seq_len: int,
+        softmax_scale: float,
+        sliding_window: int | None,
+        softcap: float | None,
+    ) -> torch.Tensor:
+        """Causal attention of the newest ``q_len`` positions over the first ``seq_len`` keys."""
+
+
+class _PagedLayerCache:
+    """One layer's kvquant paged cache for one sequence at a time; page i holds tokens 16i...
+
+    Positions map to slots one to one (the block table is the identity), so writing the tokens
+    at ``start...`` and then reading ``start + q`` keys is all that a single sequence needs.
+    """
+
+    def __init__(
+        self,
+        cache_dtype: torch.dtype,
+        num_kv_heads: int,
+        head_size: int,
+        max_tokens: int,
+        device: torch.device,
+        use_kernels: bool,
+    ) -> None:
+        import kvquant
+
+        num_blocks = math.ceil(max_tokens / _BLOCK_SIZE)
+        self._cache = kvquant.allocate_cache(
+            num_blocks, num_kv_heads, head_size, _BLOCK_SIZE, cache_dtype, device
+        )
+        self._block_table = torch.arange(num_blocks, dtype=torch.int32, device=device)[None]
+        self._use_kernels = use_kernels
+
+    def write(self, key: torch.Tensor, value: torch.Tensor, start: int) -> None:
+        import kvquant
+        from kvquant import reference
+
+        slots = torch.arange(start, start + key.shape[0], dtype=torch.int64, device=key.device)
+        if self._use_kernels:
+            kvquant.cache_write(self._cache, key, value, slots)
+        else:
+            reference.cache_write_ref(self._cache, key, value, slots)
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        seq_len: int,
+        softmax_scale: float,
+        sliding_window: int | None,
+        softcap: float | None,
+    ) -> torch.Tensor:
+        import kvquant
+        from kvquant import reference
+
+        num_new = query.shape[0]
+        device = query.device
+        seq_lens = torch.tensor([seq_len], dtype=torch.int32, device=device)
+        cu_seqlens_q = torch.tensor([0, num_new], dtype=torch.int32, device=device)
+        if not self._use_kernels:
+            return reference.paged_attention_ref(
+                query,
+                self._cache,
+                self._block_table,
+                seq_lens,
+                cu_seqlens_q,
+                softmax_scale,
+                sliding_window,
+                softcap,
+            )
+        if num_new == 1:
+            return kvquant.decode_attention(
+                query,
+                self._cache,
+                self._block_table,
+                seq_lens,
+                softmax_scale,
+                sliding_window=sliding_window,
+                softcap=softcap,
+            )
+        return kvquant.prefill_attention(
+            query,
+            self._cache,
+            self._block_table,
+            seq_lens,
+            cu_seqlens_q,
+            softmax_scale,
+            sliding_window=sliding_window,
+            softcap=softcap,
+        )
+
+
+class _DenseLayerCache:
+    """K/V rounded to ``storage_dtype`` on write and widened to fp32 on read (fp32 or fp8)."""
+
+    def __init__(
+        self,
+        storage_dtype: torch.dtype,
+        num_kv_heads: int,
+        head_size: int,
+        max_tokens: int,
+        device: torch.device,
+    ) -> None:
+        shape = (max_tokens, num_kv_heads, head_size)
+        self._k = torch.zeros(shape, dtype=storage_dtype, device=device)
+        self._v = torch.zeros(shape, dtype=storage_dtype, device=device)
+
+    def _store(self, x: torch.Tensor) -> torch.Tensor:
+        if self._k.dtype == torch.float8_e4m3fn:
+            x = x.float().clamp(-_FP8_E4M3_MAX, _FP8_E4M3_MAX)
+        return x.to(self._k.dtype)
+
+    def write(self, key: torch.Tensor, value: torch.Tensor, start: int) -> None:
+        end = start + key.shape[0]
+        self._k[start:end] = self._store(key)
+        self._v[start:end] = self._store(value)
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        seq_len: int,
+        softmax_scale: float,
+        sliding_window: int | None,
+        softcap: float | None,
+    ) -> torch.Tensor:
+        from kvquant import reference
+
+        return reference.attention_ref(
+            query,
+            self._k[:seq_len].float(),
+            self._v[:seq_len].float(),
+            softmax_scale,
+            sliding_window,
+            softcap,
+        )
+
+
+@dataclass
+class KVSession:
+    """The caches of one model for the sequence being scored, and how prefill attends.
+
+    Attributes:
+        layers: one cache per decoder layer, indexed by the attention module's ``layer_idx``.
+        prefill_reads_cache: False makes a prefill (a first forward of several tokens) attend to
+            the fresh 16-bit K/V, as engines that skip their cache in prefill do. The K/V are
+            still written, so later decode steps read them from the cache.
+        length: tokens already in the cache; the next forward's tokens start here.
+    """
+
+    layers: list[_LayerCache]
+    prefill_reads_cache: bool
+    length: int = field(default=0)
+
+
+def cache_storage(kv_cache_dtype: str, model_dtype: torch.dtype) -> tuple[str, torch.dtype]:
+    """("paged" | "dense", element dtype) for a ``kv_cache_dtype`` name; rejects unknown names."""
+    if kv_cache_dtype == "int8":
+        return "paged", torch.int8
+    if kv_cache_dtype == "fp8_e4m3":
+        return "dense", torch.float8_e4m3fn
+    if kv_cache_dtype == "auto":
+        if model_dtype in (torch.float16, torch.bfloat16):
+            return "paged", model_dtype
+        return "dense", model_dtype
+    msg = f"`kv_cache_dtype` is {kv_cache_dtype!r}; expected one of {', '.join(KV_CACHE_DTYPES)}"
+    raise AccuracyError(msg)
+
+
+def new_session(
+    *,
+    kv_cache_dtype: str,
+    model_dtype: torch.dtype,
+    num_layers: int,
+    num_kv_heads: int,
+    head_size: int,
+    max_tokens: int,
+    device: torch.device,
+    prefill_reads_cache: bool,
+) -> KVSession:
+    """Allocate every layer's cache for sequences of up to ``max_tokens`` tokens.
+
+    On a GPU the kvquant Triton kernels serve the paged caches; on the CPU, kvquant's torch
+    reference does, so no Triton interpreter is needed.
+    """
+    import kvquant
+
+    layout, storage_dtype = cache_storage(kv_cache_dtype, model_dtype)
+    use_kernels = device.type != "cpu"
+    if layout == "paged" and use_kernels and model_dtype not in (torch.float16, torch.bfloat16):
+        msg = f"`dtype` is {model_dtype} on {device}; kvquant's kernels expect float16 or bfloat16"
+        raise AccuracyError(msg)
+    layers: list[_LayerCache] = []
+    for _ in range(num_layers):
+        if layout == "paged":
+            try:
+                layer: _LayerCache = _PagedLayerCache(
+                    storage_dtype, num_kv_heads, head_size, max_tokens, device, use_kernels
+                )
+            except kvquant.InvalidInputError as error:
+                raise UnsupportedModelError(f"the model's KV cache: {error}") from None
+            layers.append(layer)
+        else:
+            layers.append(
+                _DenseLayerCache(storage_dtype, num_kv_heads, head_size, max_tokens, device)
+            )
+    return KVSession(layers=layers, prefill_reads_cache=prefill_reads_cache)
+
+
+def kvquant_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function (registered as ``kvquant``); one sequence per call.
+
+    Args:
+        query: ``[1, num_q_heads, q_len, head_size]`` after rotary embedding.
+        key, value: ``[1, num_kv_heads, q_len, head_size]``, the new tokens only.
+        attention_mask: unused: causality is positional and batches hold one sequence.
+
+    Returns:
+        ``([1, q_len, num_q_heads, head_size], None)``, as transformers expects.
+    """
+    session = kwargs.get("kv_session")
+    if not isinstance(session, KVSession):
+        msg = "`kv_session` is missing; the kvquant attention runs only inside KVQuantHFLM"
+        raise AccuracyError(msg)
+    if query.shape[0] != 1:
+        msg = f"`query` has batch {query.shape[0]}; the kvquant attention takes one sequence"
+        raise AccuracyError(msg)
+    layer_idx = getattr(module, "layer_idx", None)
+    if not isinstance(layer_idx, int):
+        raise AccuracyError("attention module has no integer `layer_idx`; cannot pick its cache")
+    q = query[0].transpose(0, 1)  # [q_len, num_q_heads, head_size]
+    k = key[0].transpose(0, 1).contiguous()  # [q_len, num_kv_heads, head_size]
+    v = value[0].transpose(0, 1).contiguous()
+    softmax_scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    window = kwargs.get("sliding_window")
+    sliding_window = window if isinstance(window, int) else None
+    cap = kwargs.get("softcap")
+    softcap = float(cap) if isinstance(cap, (int, float)) else None
+    cache = session.layers[layer_idx]
+    start = session.length
+    cache.write(k, v, start)
+    if start == 0 and q.shape[0] > 1 and not session.prefill_reads_cache:
+        from kvquant import reference
+
+        out = reference.attention_ref(q, k, v, softmax_scale, sliding_window, softcap)
+    else:
+        out = cache.attend(q, start + q.shape[0], softmax_scale, sliding_window, softcap)
+    return out.to(query.dtype)[None], None
+
+
+def register_attention() -> None:
+    """Make ``attn_implementation="kvquant"`` known to transformers (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, kvquant_attention)

