@@ -61,7 +61,6 @@ def build_record(
     gates = gates or []
     failed = [g for g in gates if not g.passed]
     reason = "; ".join(f"gate {g.name}: {g.value:g} not {g.op} {g.threshold:g}" for g in failed)
-    commit, dirty = repo_state(REPO_ROOT)
     return Record(
         stage=stage,
         status="failed" if failed else "passed",
@@ -71,18 +70,7 @@ def build_record(
         tables=tables or {},
         gates=gates,
         artifacts=artifacts or {},
-        provenance=Provenance(
-            run_id=ctx.run_id,
-            started_at=started_at,
-            ended_at=utc_now(),
-            repo_commit=commit,
-            repo_dirty=dirty,
-            fork_commit=fork_commit,
-            fork_tree=fork_tree,
-            flow_run_id=ctx.flow_run_id,
-            packages=package_versions(PROVENANCE_PACKAGES),
-            hardware=hardware(),
-        ),
+        provenance=_provenance(ctx, started_at, fork_commit, fork_tree),
     )
 
 
@@ -96,22 +84,31 @@ def skipped_record(ctx: RunContext, stage: str, reason: str) -> Record:
 
 
 def _bare_record(ctx: RunContext, stage: str, started_at: str, status: str, reason: str) -> Record:
-    commit, dirty = repo_state(REPO_ROOT)
     return Record(
         stage=stage,
         status=status,  # type: ignore[arg-type]
         reason=reason,
         summary=reason,
-        provenance=Provenance(
-            run_id=ctx.run_id,
-            started_at=started_at,
-            ended_at=utc_now(),
-            repo_commit=commit,
-            repo_dirty=dirty,
-            flow_run_id=ctx.flow_run_id,
-            packages=package_versions(PROVENANCE_PACKAGES),
-            hardware=hardware(),
-        ),
+        provenance=_provenance(ctx, started_at),
+    )
+
+
+def _provenance(
+    ctx: RunContext, started_at: str, fork_commit: str | None = None, fork_tree: str | None = None
+) -> Provenance:
+    """Where a record of this run comes from; it ends now."""
+    commit, dirty = repo_state(REPO_ROOT)
+    return Provenance(
+        run_id=ctx.run_id,
+        started_at=started_at,
+        ended_at=utc_now(),
+        repo_commit=commit,
+        repo_dirty=dirty,
+        fork_commit=fork_commit,
+        fork_tree=fork_tree,
+        flow_run_id=ctx.flow_run_id,
+        packages=package_versions(PROVENANCE_PACKAGES),
+        hardware=hardware(),
     )
 
 
