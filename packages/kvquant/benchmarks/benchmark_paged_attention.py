@@ -120,43 +120,53 @@ def sweep() -> None:
         for b in (16, 64)
     }
     print(
-        f"{'cache':>5} {'tile':>4} {'warps':>5} {'stages':>6} {'prog/SM':>7} "
-        f"{'b16 ms':>7} "
-        f"{'b64 ms':>7} {'b64 GB/s':>8}"
+        f"{'cache':>8} {'tile':>4} {'warps':>5} {'stages':>6} {'prog/SM':>7} "
+        f"{'b16 ms':>7} {'b64 ms':>7} {'b64 GB/s':>8}"
     )
-    settings = [
-        (128, 4, 3, 8),
-        (128, 4, 2, 8),
-        (128, 4, 4, 8),
-        (64, 4, 3, 8),
-        (128, 8, 3, 8),
-        (128, 4, 3, 4),
-        (256, 4, 2, 8),
-        (256, 8, 3, 8),
-    ]
+    settings = [(128, 4, 2, 8), (128, 4, 3, 8), (128, 4, 2, 4), (256, 4, 2, 8), (64, 4, 3, 8)]
+    cells = [(torch.int8, *setting) for setting in settings]
+    cells.append((MODEL_DTYPE, 128, 4, 3, 8))
+    for dtype, tile, warps, stages, per_sm in cells:
+        paged_attention._TILE_N = tile
+        paged_attention._NUM_WARPS = warps
+        paged_attention._NUM_STAGES = paged_attention._NUM_STAGES_INT8 = stages
+        paged_attention._DECODE_PROGRAMS_PER_SM = per_sm
+        paged_attention.clear_spec_caches()
+        times = [median_ms(setups[dtype, b].run) for b in (16, 64)]
+        gbs = kv_bytes(64, 32768, dtype) / times[1] / 1e6
+        name = str(dtype).removeprefix("torch.")
+        print(
+            f"{name:>8} {tile:>4} {warps:>5} {stages:>6} {per_sm:>7} "
+            f"{times[0]:>7.3f} {times[1]:>7.3f} {gbs:>8.0f}",
+            flush=True,
+        )
+
+
+def profile_target(batch: int, context: int) -> None:
+    """Three INT8 and three bf16 decodes of one shape, for a profiler (ncu --launch-skip)."""
     for dtype in (torch.int8, MODEL_DTYPE):
-        for tile, warps, stages, per_sm in settings:
-            paged_attention._TILE_N = tile
-            paged_attention._NUM_WARPS = warps
-            paged_attention._NUM_STAGES = paged_attention._NUM_STAGES_INT8 = stages
-            paged_attention._DECODE_PROGRAMS_PER_SM = per_sm
-            paged_attention.clear_spec_caches()
-            times = [median_ms(setups[dtype, b].run) for b in (16, 64)]
-            gbs = kv_bytes(64, 32768, dtype) / times[1] / 1e6
-            name = str(dtype).removeprefix("torch.")
-            print(
-                f"{name:>5} {tile:>4} {warps:>5} {stages:>6} {per_sm:>7} {times[0]:>7.3f} "
-                f"{times[1]:>7.3f} {gbs:>8.0f}",
-                flush=True,
-            )
+        setup = DecodeSetup(batch, context, dtype)
+        for _ in range(3):
+            setup.run()
+        torch.cuda.synchronize()
+        del setup
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sweep", action="store_true", help="sweep launch settings instead")
+    parser.add_argument(
+        "--profile",
+        nargs=2,
+        type=int,
+        metavar=("BATCH", "CONTEXT"),
+        help="run a few decodes of one shape for a profiler instead",
+    )
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    if args.sweep:
+    if args.profile:
+        profile_target(*args.profile)
+    elif args.sweep:
         sweep()
     else:
         table(copy_bandwidth())

@@ -309,6 +309,7 @@ def test_cli_bad_input_exits_2_with_one_line(
     assert capsys.readouterr().err == "error: unknown target 'gfx1100'; supported: gfx90a, sm90\n"
     assert main(["build", "--matrix", str(tmp_path / "none.toml"), "--out", str(tmp_path)]) == 2
     assert "No such file" in capsys.readouterr().err
-    # This process runs Triton's interpreter (conftest.py): the build refuses, saying why.
-    assert main(["build", "--out", str(tmp_path)]) == 2
-    assert "TRITON_INTERPRET" in capsys.readouterr().err
+    if os.environ.get("TRITON_INTERPRET") == "1":  # set by conftest.py where there is no GPU
+        # The build compiles for real targets: under the interpreter it refuses, saying why.
+        assert main(["build", "--out", str(tmp_path)]) == 2
+        assert "TRITON_INTERPRET" in capsys.readouterr().err

@@ -247,8 +247,15 @@ def test_nan_in_one_head_poisons_only_its_readers(
     poisoned = torch.zeros_like(got, dtype=torch.bool)
     poisoned[15:30, 4:8] = True  # queries at positions >= 25 of sequence 0, kv head 1
     assert got[poisoned].isnan().all()
-    # Elsewhere only rounding may differ: the poisoned scale drops out of the tile's V maximum.
-    torch.testing.assert_close(got[~poisoned], want[~poisoned], rtol=1e-5, atol=1e-6)
+    # Programs that never load the token (other kv head, other sequence) are bit-identical.
+    same_head = torch.zeros_like(poisoned)
+    same_head[:30, 4:8] = True
+    assert torch.equal(got[~same_head], want[~same_head])
+    # The earlier queries of that kv head share its tile, where the NaN scale drops out of the
+    # tile's largest V scale and so may move P's int8 grid: rounding-level changes only.
+    earlier = same_head & ~poisoned
+    rel = (got[earlier] - want[earlier]).norm() / want[earlier].norm()
+    assert rel < 3e-4, rel
 
 
 @pytest.mark.parametrize(

@@ -83,6 +83,7 @@ class KernelSpec:
             ...), "constexpr" for constexpr parameters.
         constexprs: the value of every constexpr parameter.
         num_warps, num_stages: launch options.
+        maxnreg: register cap per thread (CUDA only), or None for the compiler's choice.
         aligned: the runtime parameters the JIT sees as multiples of 16 on every launch (pointers
             to torch allocations, strides made of head and block sizes). An ahead-of-time build
             must pass them as ``tt.divisibility=16``, as the JIT does, or loads lose their width.
@@ -95,6 +96,7 @@ class KernelSpec:
     num_warps: int
     num_stages: int
     aligned: tuple[str, ...] = ()
+    maxnreg: int | None = None
 
 
 def pointer(dtype: torch.dtype) -> str:
@@ -123,6 +125,7 @@ def make_spec(
     num_warps: int,
     num_stages: int,
     unaligned: tuple[str, ...] = (),
+    maxnreg: int | None = None,
 ) -> KernelSpec:
     """Build a spec whose signature lists ``kernel``'s parameters in order; checks completeness.
 
@@ -143,11 +146,14 @@ def make_spec(
         for name_, kind in signature.items()
         if (kind.startswith("*") or name_.startswith("stride_")) and name_ not in unaligned
     )
-    return KernelSpec(name, kernel, signature, dict(constexprs), num_warps, num_stages, aligned)
+    return KernelSpec(
+        name, kernel, signature, dict(constexprs), num_warps, num_stages, aligned, maxnreg
+    )
 
 
 def launch(spec: KernelSpec, grid: tuple[int, ...], *args: object) -> None:
     """Launch ``spec.kernel`` with the runtime ``args`` in order and the spec's constexprs."""
-    spec.kernel[grid](
-        *args, **spec.constexprs, num_warps=spec.num_warps, num_stages=spec.num_stages
-    )
+    options: dict[str, int] = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    if spec.maxnreg is not None:
+        options["maxnreg"] = spec.maxnreg
+    spec.kernel[grid](*args, **spec.constexprs, **options)

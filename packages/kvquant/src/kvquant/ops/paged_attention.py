@@ -9,16 +9,15 @@ count, softcap and sliding window are runtime arguments, so one compiled variant
 configuration serves every call (``aot_specs``).
 
 INT8 specifics (why they are done this way):
-- Codes convert to fp16 exactly, so both dots run in fp16 whatever the model dtype. A bf16 query
-  is first scaled by a power of two so its largest element lies in [1, 2): exact, and fp16 then
-  holds every bf16 value of it; the power is folded back into the softmax scale.
-- K scales multiply score columns and V scales multiply P columns, never the code tiles. P times
-  the V scale is divided by the tile's largest V scale so it stays in [0, 1] (no fp16 overflow on
-  huge values), and that maximum multiplies the dot's [rows, head] result instead.
+- Both dots run on int8 codes with int32 accumulation, exact: no code is converted to a float
+  inside the loop (converting them cost 10% on the H200, NOTES.md). Each query row is scaled to
+  [-127, 127] and split into two int8 tiles, hi + lo / 254 (14 bits, finer than fp16); so is P,
+  which lies in [0, 1] after its columns are multiplied by their V scale over the tile's largest.
+- K scales multiply score columns; V scales multiply P columns, and the tile's largest V scale
+  multiplies the dot's [rows, head] result. int8 cannot carry NaN: a key whose V scale is not
+  finite gets a NaN K scale instead, which reaches exactly the rows that see it.
 - The 16-bit path multiplies in the cache dtype; only under the interpreter (DOT_IN_FP32) are
   the 16-bit operands widened to fp32, because it mishandles bf16 dots.
-- On CUDA the int8 -> fp16 conversion uses a byte-permute trick (FAST_CONVERT), see
-  ``_codes_to_f16``.
 """
 
 # mypy: disable-error-code="no-untyped-def"
@@ -67,43 +66,19 @@ _DECODE_PROGRAMS_PER_SM = 8
 _NUM_WARPS = 4
 _NUM_STAGES = 3
 _NUM_STAGES_INT8 = 2
+# Register cap of the INT8 decode on CUDA: 128 lets 4 programs share an SM. Triton 3.6 takes 144
+# otherwise (3 programs); the cap made batch 64 / 32k 7% faster on the H200 (1.191 vs 1.281 ms,
+# NOTES.md). Triton 3.9 allocates 128 unasked.
+_DECODE_MAXNREG_INT8 = 128
 # Splits the reducer combines per step; the split count itself is a runtime argument.
 _SPLIT_TILE = 16
-
-# Four int8 codes in one 32-bit register -> four fp16 in two registers. Flipping the sign bit
-# gives c + 128 as an unsigned byte; placing it under the fp16 exponent of 1024 (0x64XX) gives
-# the fp16 number 1024 + c + 128 exactly; subtracting 1152 (0x6480) leaves c. Five instructions
-# per four codes instead of a sign extension and an int->float conversion per code.
-_INT8X4_TO_F16X4_PTX = tl.constexpr(
-    """
-{
-.reg .b32 biased, bias;
-xor.b32 biased, $2, 0x80808080;
-mov.b32 bias, 0x64806480;
-prmt.b32 $0, biased, 0x64646464, 0x4140;
-prmt.b32 $1, biased, 0x64646464, 0x4342;
-sub.rn.f16x2 $0, $0, bias;
-sub.rn.f16x2 $1, $1, bias;
-}
-"""
-)
-
-
-@triton.jit
-def _codes_to_f16(codes, FAST_CONVERT: tl.constexpr):
-    """int8 codes -> fp16, exact either way; FAST_CONVERT needs a CUDA target (inline PTX)."""
-    if FAST_CONVERT:
-        return tl.inline_asm_elementwise(
-            _INT8X4_TO_F16X4_PTX, "=r,=r,r", [codes], dtype=tl.float16, is_pure=True, pack=4
-        )
-    else:
-        return codes.to(tl.float16)
 
 
 @triton.jit
 def _attend_tiles(
-    q,  # [ROWS, HEAD_PAD] fp16 (INT8 cache) or the cache dtype
-    score_scale,  # softmax scale (times log2(e) unless softcap), fp32 scalar
+    q,  # [ROWS, HEAD_PAD] high int8 part (INT8 cache), else fp16 (INT8) or the cache dtype
+    q_low,  # [ROWS, HEAD_PAD] low int8 part (INT8_DOT); unused otherwise
+    score_scale,  # [ROWS] softmax scale (times log2(e) unless softcap) and the query's scale
     row_pos,  # [ROWS] key position of each row's query token (prefill's causal mask)
     tile_lo,
     tile_hi,
@@ -130,8 +105,8 @@ def _attend_tiles(
     TILE_N: tl.constexpr,
     IS_DECODE: tl.constexpr,
     QUANTIZED: tl.constexpr,
-    FAST_CONVERT: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
+    V_PAGEWISE: tl.constexpr,
 ):
     """Online softmax over KV tiles [tile_lo, tile_hi); returns (acc, running max, running sum).
 
@@ -157,29 +132,53 @@ def _attend_tiles(
         page = page.to(tl.int64)
         slot = keys % BLOCK_SIZE
         k_base = tl.multiple_of(tl.max_constancy(page * stride_k_b + head_k, BLOCK_SIZE), 16)
-        v_base = tl.multiple_of(tl.max_constancy(page * stride_v_b + head_v, BLOCK_SIZE), 16)
-        # K tile [N, D], token-major; V tile [D, N], transposed within the page.
+        # K tile [N, D], token-major.
         k_offsets = k_base[:, None] + (slot * HEAD_SIZE)[:, None] + dims[None, :]
-        v_offsets = v_base[None, :] + (dims * BLOCK_SIZE)[:, None] + slot[None, :]
+        if V_PAGEWISE:
+            # A page row of V (one dim, BLOCK_SIZE keys) is under a 32-byte sector. Loaded as
+            # [D, N], each thread of a quarter-warp would read a different page and every
+            # sector would be fetched twice; loaded page by page, [PAGES, D, BLOCK_SIZE],
+            # consecutive threads read consecutive rows of one page. Then viewed as [D, N].
+            tile_pages = tile * (TILE_N // BLOCK_SIZE) + tl.arange(0, TILE_N // BLOCK_SIZE)
+            v_page = tl.load(
+                block_table_row + tile_pages, mask=tile_pages * BLOCK_SIZE <= last_key, other=0
+            )
+            v_base = tl.multiple_of(v_page.to(tl.int64) * stride_v_b + head_v, 16)
+            v_offsets = (
+                v_base[:, None, None]
+                + (dims * BLOCK_SIZE)[None, :, None]
+                + tl.arange(0, BLOCK_SIZE)[None, None, :]
+            )
+        else:
+            # V tile [D, N], transposed within the page.
+            v_base = tl.multiple_of(tl.max_constancy(page * stride_v_b + head_v, BLOCK_SIZE), 16)
+            v_offsets = v_base[None, :] + (dims * BLOCK_SIZE)[:, None] + slot[None, :]
         if HEAD_SIZE == HEAD_PAD:
             k = tl.load(k_ptr + k_offsets)
-            v = tl.load(v_ptr + v_offsets)
         else:  # padded dims would read the next token's bytes, or past the cache's end
             k = tl.load(k_ptr + k_offsets, mask=dim_valid[None, :], other=0)
+        if V_PAGEWISE:
+            v = tl.load(v_ptr + v_offsets, mask=dim_valid[None, :, None], other=0)
+            v = tl.reshape(tl.permute(v, (1, 0, 2)), [HEAD_PAD, TILE_N])
+        else:
             v = tl.load(v_ptr + v_offsets, mask=dim_valid[:, None], other=0)
         if QUANTIZED:
             s_base = tl.multiple_of(tl.max_constancy(page * stride_s_b + head_s, BLOCK_SIZE), 16)
             k_scale = tl.load(k_scale_ptr + s_base + slot)
             # Stale scales of masked keys may be anything, inf included: zero them.
             v_scale = tl.where(key_valid, tl.load(v_scale_ptr + s_base + slot), 0.0)
-            k = _codes_to_f16(k, FAST_CONVERT)
-            v = _codes_to_f16(v, FAST_CONVERT)
-            scores = tl.dot(q, tl.trans(k)) * (k_scale * score_scale)[None, :]  # [M, N]
+            # A non-finite V scale (poisoned token) cannot reach the int8 P tile; it makes the
+            # key's scores NaN instead, so exactly the rows that see the token turn NaN.
+            finite_v = v_scale - v_scale == 0.0
+            k_scale = tl.where(finite_v, k_scale, float("nan"))
+            k_t = tl.trans(k)
+            qk = tl.dot(q, k_t) * 254 + tl.dot(q_low, k_t)  # exact in int32
+            scores = qk.to(tl.float32) * score_scale[:, None] * k_scale[None, :]
         elif DOT_IN_FP32:
             scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-            scores = scores * score_scale
+            scores = scores * score_scale[:, None]
         else:
-            scores = tl.dot(q, tl.trans(k)) * score_scale
+            scores = tl.dot(q, tl.trans(k)) * score_scale[:, None]
         if softcap > 0:
             # softcap * tanh(s / softcap), tanh through exp2 so large |s| saturates cleanly.
             two_x = scores * (2.0 * _LOG2E / softcap)
@@ -197,45 +196,59 @@ def _attend_tiles(
         safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
         correction = tl.exp2(running_max - safe_max)
         p = tl.exp2(scores - safe_max[:, None])
-        running_sum = running_sum * correction + tl.sum(p, axis=1)
         running_max = new_max
+        running_sum = running_sum * correction + tl.sum(p, axis=1)
         if QUANTIZED:
-            # Largest finite V scale of the tile: NaN scales stay in their own columns.
-            tile_v_max = tl.max(tl.where(v_scale == v_scale, v_scale, 0.0), axis=0)
-            tile_v_max = tl.maximum(tile_v_max, 1e-6)
-            p = p * (v_scale / tile_v_max)[None, :]
-            # 0 * NaN would leak a poisoned token into rows that cannot see it (NaN policy).
-            p = tl.where(visible, p, 0.0)
-            pv = tl.dot(p.to(tl.float16), tl.trans(v))
-            acc = acc * correction[:, None] + pv * tile_v_max
+            # P in [0, 1] goes to the dot as two int8 tiles, each column times its V scale over
+            # the tile's largest finite one, which multiplies the [rows, head] result instead.
+            tile_v_max = tl.maximum(tl.max(tl.where(finite_v, v_scale, 0.0), axis=0), 1e-6)
+            column_scale = tl.where(finite_v, v_scale * (127.0 / tile_v_max), 0.0)
+            p_hi, p_lo = _split_to_int8(p * column_scale[None, :])
+            v_t = tl.trans(v)
+            pv = tl.dot(p_hi, v_t) * 254 + tl.dot(p_lo, v_t)  # exact in int32
+            pv_scale = tile_v_max / (127.0 * 254.0)
+            acc = acc * correction[:, None] + pv.to(tl.float32) * pv_scale
         else:
             v = tl.where(key_valid[None, :], v, 0.0)  # stale slots may hold NaN/inf
+            p = p.to(v.dtype)
             if DOT_IN_FP32:
                 # Rounded to the cache dtype first, as on the GPU path, then multiplied exactly.
-                p16 = p.to(v.dtype).to(tl.float32)
-                pv = tl.dot(p16, tl.trans(v.to(tl.float32)), input_precision="ieee")
+                pv = tl.dot(p.to(tl.float32), tl.trans(v.to(tl.float32)), input_precision="ieee")
                 acc = acc * correction[:, None] + pv
             else:
-                acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), tl.trans(v))
+                acc = acc * correction[:, None] + tl.dot(p, tl.trans(v))
     return acc, running_max, running_sum
 
 
 @triton.jit
+def _split_to_int8(x):
+    """x in [-127, 127] -> (hi, lo) int8 with x == hi + lo / 254 to within 1 / 508."""
+    hi = tl.floor(x + 0.5)
+    lo = tl.floor((x - hi) * 254.0 + 0.5)
+    return hi.to(tl.int8), lo.to(tl.int8)
+
+
+@triton.jit
 def _prepare_query(q, softmax_scale, softcap, QUANTIZED: tl.constexpr):
-    """Query tile in the dot's dtype and the matching score scale (log2 units unless softcap)."""
+    """(query operand, its low part or the query again, per-row score scale in log2 units).
+
+    INT8 cache: each row is scaled to [-127, 127] and split into two int8 tiles (14 bits, finer
+    than fp16's 11) for exact int8 dots; the row's scale / 254 goes into its score scale. A row
+    with NaN or inf gets a NaN score scale, so only that row's output is NaN.
+    """
     if QUANTIZED:
-        # Exact power-of-two rescale so fp16 holds the query; undone in score_scale.
         q32 = q.to(tl.float32)
-        q_absmax = tl.max(tl.max(tl.abs(q32), axis=1), axis=0)
-        exponent = ((q_absmax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-        exponent = tl.minimum(tl.maximum(exponent, -100), 100)
-        q = (q32 * ((127 - exponent) << 23).to(tl.float32, bitcast=True)).to(tl.float16)
-        score_scale = softmax_scale * ((127 + exponent) << 23).to(tl.float32, bitcast=True)
+        row_absmax = tl.max(tl.abs(q32), axis=1)
+        finite = tl.max(tl.where(q32 - q32 == 0.0, 0.0, 1.0), axis=1) == 0.0
+        to_codes = tl.where(row_absmax > 0.0, 127.0 / row_absmax, 0.0)
+        q, q_low = _split_to_int8(tl.where(finite[:, None], q32 * to_codes[:, None], 0.0))
+        row_scale = tl.where(finite, row_absmax / (127.0 * 254.0), float("nan")) * softmax_scale
     else:
-        score_scale = softmax_scale
+        q_low = q
+        row_scale = tl.zeros([q.shape[0]], tl.float32) + softmax_scale
     if softcap <= 0:
-        score_scale = score_scale * _LOG2E
-    return q, score_scale
+        row_scale = row_scale * _LOG2E
+    return q, q_low, row_scale
 
 
 @triton.jit
@@ -276,8 +289,8 @@ def _decode_kernel(
     GROUP_PAD: tl.constexpr,
     TILE_N: tl.constexpr,
     QUANTIZED: tl.constexpr,
-    FAST_CONVERT: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
+    V_PAGEWISE: tl.constexpr,
 ):
     """One (sequence, kv head, split): all GROUP query heads of the kv head against its keys."""
     seq = tl.program_id(0)
@@ -293,7 +306,7 @@ def _decode_kernel(
     q = tl.load(
         q_ptr + q_offsets + dims[None, :], mask=row_valid[:, None] & dim_valid[None, :], other=0.0
     )
-    q, score_scale = _prepare_query(q, softmax_scale, softcap, QUANTIZED)
+    q, q_low, score_scale = _prepare_query(q, softmax_scale, softcap, QUANTIZED)
 
     last_key = seq_len - 1
     first_key = tl.where(sliding_window > 0, tl.maximum(seq_len - sliding_window, 0), 0)
@@ -301,6 +314,7 @@ def _decode_kernel(
     tile_hi = tl.minimum(tile_lo + tiles_per_split, last_key // TILE_N + 1)
     acc, running_max, running_sum = _attend_tiles(
         q,
+        q_low,
         score_scale,
         rows,
         tile_lo,
@@ -328,8 +342,8 @@ def _decode_kernel(
         TILE_N,
         True,
         QUANTIZED,
-        FAST_CONVERT,
         DOT_IN_FP32,
+        V_PAGEWISE,
     )
 
     # ---- Epilogue: this split's partial result ----
@@ -383,8 +397,8 @@ def _prefill_kernel(
     BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr,
     QUANTIZED: tl.constexpr,
-    FAST_CONVERT: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
+    V_PAGEWISE: tl.constexpr,
 ):
     """One (query tile, kv head): BLOCK_Q query tokens x all GROUP query heads, causal."""
     ROWS: tl.constexpr = BLOCK_Q * GROUP_PAD
@@ -406,13 +420,14 @@ def _prefill_kernel(
     q_offsets = (q_first + row_token).to(tl.int64)[:, None] * stride_q_t
     q_offsets += row_head.to(tl.int64)[:, None] * stride_q_h + dims[None, :]
     q = tl.load(q_ptr + q_offsets, mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
-    q, score_scale = _prepare_query(q, softmax_scale, softcap, QUANTIZED)
+    q, q_low, score_scale = _prepare_query(q, softmax_scale, softcap, QUANTIZED)
 
     last_key = seq_len - q_len + tl.minimum(tile_start + BLOCK_Q, q_len) - 1
     window_first = tl.maximum(seq_len - q_len + tile_start - sliding_window + 1, 0)
     first_key = tl.where(sliding_window > 0, window_first, 0)
     acc, _, running_sum = _attend_tiles(
         q,
+        q_low,
         score_scale,
         row_pos,
         first_key // TILE_N,
@@ -440,8 +455,8 @@ def _prefill_kernel(
         TILE_N,
         False,
         QUANTIZED,
-        FAST_CONVERT,
         DOT_IN_FP32,
+        V_PAGEWISE,
     )
 
     # ---- Epilogue ----
@@ -661,10 +676,11 @@ def _shared_constexprs(
         "GROUP": gqa,
         "TILE_N": _TILE_N,
         "QUANTIZED": quantized,
-        # The byte-permute conversion is inline PTX: NVIDIA only.
-        "FAST_CONVERT": quantized and target == "cuda",
         # Triton's interpreter multiplies bf16 tiles as raw integers; give it fp32 (exact here).
         "DOT_IN_FP32": target == "interpreter" and not quantized,
+        # Page-by-page V loads when a page row is under a sector: INT8 at block 16 (1.58 ->
+        # 1.28 ms at batch 64 / 32k on the H200); bf16 rows of 32 bytes ran 5% slower that way.
+        "V_PAGEWISE": block_size * (1 if quantized else 2) < 32,
     }
 
 
@@ -717,6 +733,7 @@ def decode_spec(
         num_warps=_NUM_WARPS,
         num_stages=_NUM_STAGES_INT8 if cache_dtype == torch.int8 else _NUM_STAGES,
         unaligned=_FREE_STRIDES,
+        maxnreg=_DECODE_MAXNREG_INT8 if cache_dtype == torch.int8 and target == "cuda" else None,
     )
 
 
