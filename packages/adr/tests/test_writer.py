@@ -6,12 +6,21 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import git
 import pytest
 
-from adrkit import AdrError, CommitError, RenderError, ResultsError, update_adrs, write_record
+from adrkit import (
+    AdrError,
+    CommitError,
+    RenderError,
+    ResultsError,
+    Table,
+    update_adrs,
+    write_record,
+)
 from adrkit.__main__ import main
 
 from conftest import ADR_EN, make_record
@@ -201,3 +210,37 @@ def test_missing_adr_directory(tmp_path: Path, results: Path) -> None:
         update_adrs(tmp_path / "none", results)
     with pytest.raises(ResultsError):
         update_adrs(tmp_path, tmp_path / "none")
+
+
+def test_figures_are_copied_beside_the_adrs_and_embedded(adr_dir: Path, tmp_path: Path) -> None:
+    png = tmp_path / "plot.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\nfirst")
+    record = make_record("accuracy")
+    table = Table(["task", "delta"], [["kvb_piqa", 0.01]])
+    record = replace(
+        record,
+        tables={"deltas": table},
+        artifacts={"accuracy_deltas.png": str(png), "accuracy.json": str(tmp_path / "a.json")},
+    )
+    results = tmp_path / "results"
+    write_record(results, record)
+    (adr_dir / "0009-int8.md").write_text(
+        "---\nlang: en\n---\n# 0009 INT8\n"
+        "<!-- generated:kvbench-accuracy begin -->\n<!-- generated:kvbench-accuracy end -->\n"
+    )
+    update_adrs(adr_dir, results)
+    text = (adr_dir / "0009-int8.md").read_text()
+    assert "| kvb_piqa | 0.01 |" in text
+    assert "![Figure: accuracy_deltas.png](assets/accuracy-accuracy_deltas.png)" in text
+    copied = adr_dir / "assets" / "accuracy-accuracy_deltas.png"
+    assert copied.read_bytes() == png.read_bytes()
+    assert not (adr_dir / "assets" / "accuracy-accuracy.json").exists()  # only figures
+    # A new figure makes the ADRs stale, though no text changed; the update copies it.
+    png.write_bytes(b"\x89PNG\r\n\x1a\nsecond")
+    assert update_adrs(adr_dir, results, check=True).changed == (copied,)
+    update_adrs(adr_dir, results)
+    assert copied.read_bytes().endswith(b"second")
+    # Results moved away: the last copy stays, and nothing is stale.
+    png.unlink()
+    assert update_adrs(adr_dir, results, check=True).changed == ()
+    assert copied.exists()

@@ -123,7 +123,7 @@ def sweep() -> None:
         f"{'cache':>8} {'tile':>4} {'warps':>5} {'stages':>6} {'prog/SM':>7} "
         f"{'b16 ms':>7} {'b64 ms':>7} {'b64 GB/s':>8}"
     )
-    settings = [(128, 4, 2, 8), (128, 4, 3, 8), (128, 4, 2, 4), (256, 4, 2, 8), (64, 4, 3, 8)]
+    settings = [(128, 4, 2, 8), (128, 4, 3, 8), (128, 4, 2, 16), (128, 4, 2, 6), (64, 4, 3, 8)]
     cells = [(torch.int8, *setting) for setting in settings]
     cells.append((MODEL_DTYPE, 128, 4, 3, 8))
     for dtype, tile, warps, stages, per_sm in cells:

@@ -87,6 +87,41 @@ _LABELS: dict[str, dict[str, str]] = {
         "old": "Before",
         "new": "Now",
         "no-diff": "No resource use changed since the previous build.",
+        "no-rows": "No rows were measured.",
+        "figure": "Figure",
+        "task": "Task",
+        "metric": "Metric",
+        "mode": "Scoring mode",
+        "n": "Items",
+        "baseline": "16-bit",
+        "int8": "INT8",
+        "delta": "Delta",
+        "stderr": "Std. error of delta",
+        "ci95": "95% CI",
+        "flips": "Items flipped (+ / -)",
+        "mcnemar_p": "McNemar p",
+        "op": "Kernel",
+        "cache_dtype": "Cache dtype",
+        "batch": "Batch",
+        "context": "Context",
+        "median_ms": "Median ms",
+        "spread": "Spread",
+        "gbs": "GB/s",
+        "copy_fraction": "Of copy bandwidth",
+        "speedup_vs_16bit": "Speed-up vs 16-bit",
+        "regression": "Regression",
+        "bench": "Benchmark",
+        "kv_cache_dtype": "KV cache dtype",
+        "compilation": "Compilation level",
+        "graphs": "CUDA/HIP graphs",
+        "input_len": "Input len",
+        "output_len": "Output len",
+        "unit": "Unit",
+        "engine_start_s": "Engine start s",
+        "seq_len": "Sequence len",
+        "max_tokens": "Max tokens",
+        "max_seqs": "Max sequences",
+        "source_kind": "Source",
     },
     "zh": {
         "stage": "阶段",
@@ -156,6 +191,41 @@ _LABELS: dict[str, dict[str, str]] = {
         "old": "之前",
         "new": "现在",
         "no-diff": "与上一次构建相比，资源占用没有变化。",
+        "no-rows": "没有测得任何结果。",
+        "figure": "图",
+        "task": "任务",
+        "metric": "指标",
+        "mode": "评分方式",
+        "n": "题数",
+        "baseline": "16 位",
+        "int8": "INT8",
+        "delta": "差值",
+        "stderr": "差值标准误",
+        "ci95": "95% 置信区间",
+        "flips": "翻转题数（+ / -）",
+        "mcnemar_p": "McNemar p 值",
+        "op": "内核",
+        "cache_dtype": "缓存数据类型",
+        "batch": "批大小",
+        "context": "上下文长度",
+        "median_ms": "中位数 ms",
+        "spread": "离散度",
+        "gbs": "GB/s",
+        "copy_fraction": "占拷贝带宽",
+        "speedup_vs_16bit": "相对 16 位加速比",
+        "regression": "性能回退",
+        "bench": "基准",
+        "kv_cache_dtype": "KV 缓存数据类型",
+        "compilation": "编译级别",
+        "graphs": "CUDA/HIP graphs",
+        "input_len": "输入长度",
+        "output_len": "输出长度",
+        "unit": "单位",
+        "engine_start_s": "引擎启动 s",
+        "seq_len": "序列长度",
+        "max_tokens": "最大 token 数",
+        "max_seqs": "最大序列数",
+        "source_kind": "来源",
     },
 }
 
@@ -282,19 +352,41 @@ def render_audit_summary(records: Records, lang: str) -> str:
     return "\n\n".join(parts)
 
 
-def render_record_table(stage: str, table: str, empty_key: str) -> Renderer:
-    """A renderer that shows one named table of one stage's record."""
+ASSETS_DIR = "assets"
+
+
+def asset_name(stage: str, artifact: str) -> str:
+    """Where a record's figure is copied beside the ADRs, relative to the ADR directory."""
+    return f"{ASSETS_DIR}/{stage}-{artifact}"
+
+
+def is_figure(artifact: str) -> bool:
+    return artifact.endswith(".png")
+
+
+def render_record_table(
+    stage: str, table: str, empty_key: str, figures: Sequence[str] = ()
+) -> Renderer:
+    """A renderer that shows one named table of one stage's record, then the named figures
+    the record has (PNG artifacts, which the writer copies beside the ADRs)."""
 
     def render(records: Records, lang: str) -> str:
         record = _require(records, stage, lang)
         if isinstance(record, str):
             return record
+        if record.status == "skipped":
+            return "\n\n".join([record.reason or record.summary, source_line(record, lang)])
         found: Table | None = record.tables.get(table)
         if found is None or not found.rows:
             body = label(lang, empty_key)
         else:
             body = markdown_table(lang, found.columns, found.rows)
-        return "\n\n".join([body, source_line(record, lang)])
+        shown = [
+            f"![{label(lang, 'figure')}: {name}]({asset_name(stage, name)})"
+            for name in figures
+            if name in record.artifacts
+        ]
+        return "\n\n".join([body, *shown, source_line(record, lang)])
 
     return render
 
@@ -309,6 +401,26 @@ BLOCKS: dict[str, Renderer] = {
     "kvquant-edge-cases": render_record_table("correctness", "edge-cases", "no-cases"),
     "kvquant-resources": render_record_table("kernels", "resources", "no-cases"),
     "kvquant-resource-diff": render_record_table("kernels", "resource-diff", "no-diff"),
+    "kvbench-accuracy": render_record_table(
+        "accuracy", "deltas", "no-rows", figures=("accuracy_deltas.png",)
+    ),
+    "kvbench-kernel-throughput": render_record_table(
+        "throughput",
+        "kernels",
+        "no-rows",
+        figures=("throughput-kernel-vs-context.png", "throughput-kernel-vs-batch.png"),
+    ),
+    "kvbench-capacity": render_record_table("throughput", "capacity", "no-rows"),
+    "kvbench-e2e": render_record_table(
+        "throughput",
+        "e2e",
+        "no-rows",
+        figures=(
+            "throughput-e2e-vs-batch.png",
+            "throughput-e2e-vs-input_len.png",
+            "throughput-trend.png",
+        ),
+    ),
 }
 
 

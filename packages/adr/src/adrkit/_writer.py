@@ -18,7 +18,7 @@ import filelock
 import git
 
 from adrkit import _document
-from adrkit._blocks import Records, render_block
+from adrkit._blocks import Records, asset_name, is_figure, render_block
 from adrkit._errors import AdrError, CommitError
 from adrkit._record import load_latest
 
@@ -68,24 +68,26 @@ def update_adrs(
     with lock_for(adr_dir).acquire(timeout=LOCK_TIMEOUT_S):
         records = load_latest(results)
         planned = _plan(adr_dir, records)
-        changed = tuple(path for path, text in planned.items() if _read(path) != text)
+        changed = tuple(path for path, content in planned.items() if _read(path) != content)
         if check or not changed:
             return UpdateResult(changed)
         for path in changed:
+            path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, planned[path])
         commit = _commit(repo, changed, records) if repo is not None else None
     return UpdateResult(changed, commit)
 
 
-def _read(path: Path) -> str | None:
+def _read(path: Path) -> str | bytes | None:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_bytes() if path.suffix == ".png" else path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
 
 
-def _plan(adr_dir: Path, records: Records) -> dict[Path, str]:
-    """The new text of every ADR and of the index, computed before anything is written."""
+def _plan(adr_dir: Path, records: Records) -> dict[Path, str | bytes]:
+    """The new text of every ADR and of the index, and the figures the records carry (copied
+    beside the ADRs, where the blocks link them), computed before anything is written."""
     documents = []
     for path in sorted(adr_dir.glob("[0-9][0-9][0-9][0-9]-*.md")):
         try:
@@ -94,13 +96,18 @@ def _plan(adr_dir: Path, records: Records) -> dict[Path, str]:
             msg = f"cannot read ADR {path}: {exc}"
             raise AdrError(msg) from None
         documents.append(_document.parse(path, text))
-    planned = {
+    planned: dict[Path, str | bytes] = {
         doc.path: doc.with_bodies(
             {b.key: render_block(b.key, records, doc.lang) for b in doc.blocks}
         )
         for doc in documents
     }
     planned[adr_dir / INDEX_NAME] = render_index(documents)
+    for stage, record in records.items():
+        for name, source in record.artifacts.items():
+            # A figure whose file is gone (results moved elsewhere) keeps its last copy.
+            if is_figure(name) and Path(source).is_file():
+                planned[adr_dir / asset_name(stage, name)] = Path(source).read_bytes()
     return planned
 
 
@@ -125,14 +132,16 @@ def render_index(documents: list[_document.Document]) -> str:
     )
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that a reader, or a crash, sees the old or the new file."""
+def atomic_write(path: Path, content: str | bytes) -> None:
+    """Replace ``path`` with ``content`` so that a reader, or a crash, sees the old or the new
+    file."""
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         tmp.chmod(mode)
