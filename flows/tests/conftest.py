@@ -131,6 +131,21 @@ def deploy_all(server: PrefectServer) -> None:
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
 
 
+def start_worker(
+    server: PrefectServer, pool: str, log: Path, **env: str
+) -> subprocess.Popen[bytes]:
+    """A `prefect worker` on `pool` in a process group of its own, its output in `log`."""
+    with log.open("w") as out:
+        return subprocess.Popen(
+            ["prefect", "worker", "start", "--pool", pool, "--type", "process"],
+            cwd=REPO_ROOT,
+            env=server.env | env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 def _commit_tree(repo: git.Repo, files: dict[str, str], message: str) -> git.Commit:
     root = Path(repo.working_dir)
     for path, text in files.items():

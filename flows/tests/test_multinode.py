@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,12 +14,12 @@ import pytest
 from adrkit import read_record
 
 from conftest import (
-    REPO_ROOT,
     ForkFixture,
     PrefectServer,
     create_pools,
     deploy_all,
     running_prefect_server,
+    start_worker,
     stop_process_group,
 )
 
@@ -41,20 +40,6 @@ def cluster(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield server
 
 
-def _start_worker(
-    server: PrefectServer, pool: str, log: Path, **env: str
-) -> subprocess.Popen[bytes]:
-    with log.open("w") as out:
-        return subprocess.Popen(
-            ["prefect", "worker", "start", "--pool", pool, "--type", "process"],
-            cwd=REPO_ROOT,
-            env=server.env | env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
 def _flow_runs(server: PrefectServer, **filters: object) -> list[dict[str, object]]:
     runs = server.api("POST", "/flow_runs/filter", filters)
     assert isinstance(runs, list)
@@ -67,8 +52,8 @@ def test_two_runs_share_one_gpu_in_turn_and_write_adrs_on_cpu(
     # audit and the ADRs on the CPU pool; correctness (which needs no GPU here) on the GPU pool.
     results = tmp_path / "shared-results"  # the shared results location both pools can see
     workers = [
-        _start_worker(cluster, "cpu", tmp_path / "cpu-worker.log"),
-        _start_worker(cluster, "cuda", tmp_path / "gpu-worker.log", KVCACHE_GPU_SLOT=GPU_SLOT),
+        start_worker(cluster, "cpu", tmp_path / "cpu-worker.log"),
+        start_worker(cluster, "cuda", tmp_path / "gpu-worker.log", KVCACHE_GPU_SLOT=GPU_SLOT),
     ]
     try:
         params = {
