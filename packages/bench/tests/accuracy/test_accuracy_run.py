@@ -72,6 +72,9 @@ def test_cli_runs_pairs_and_plots(tiny_config: Path, tmp_path: Path, capsys: Any
         assert row["ci_low"] <= row["delta"] <= row["ci_high"]
         assert row["flips_up"] is not None and row["mcnemar_p"] is not None
     assert Path(result["plot"]).read_bytes().startswith(b"\x89PNG")
+    timed = [(t["mode"], t["kv_cache_dtype"]) for t in result["timings"]]
+    assert timed == [(mode, dtype) for mode in ("decode", "generate") for dtype in ("auto", "int8")]
+    assert all(0 < t["seconds"] < result["elapsed_s"] for t in result["timings"])
     table = capsys.readouterr().out
     assert "kvb_arc_easy" in table and "gate (|delta| <= max(0.05, 2 stderr))" in table
 

@@ -11,7 +11,10 @@ Caches by ``kv_cache_dtype``:
 - ``auto``: the model dtype. A kvquant 16-bit paged cache for fp16/bf16 models; for fp32 models
   (CPU), which kvquant does not store, a dense fp32 cache, i.e. exact.
 - ``fp8_e4m3``: emulated as vLLM stores fp8 without calibrated scales (per-tensor scale 1.0;
-  values beyond +-448 clamp), stored as torch.float8_e4m3fn and read back as fp32.
+  values beyond +-448 clamp), rounded through torch.float8_e4m3fn and read back as fp32.
+
+On the torch reference path each layer also keeps the fp32 values its cache reads back, filled
+as tokens are written, so a decode step costs its one new token rather than the whole sequence.
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ class _LayerCache(Protocol):
         """Causal attention of the newest ``q_len`` positions over the first ``seq_len`` keys."""
 
 
-class _PagedLayerCache:
-    """One layer's kvquant paged cache for one sequence at a time; page i holds tokens 16i...
+class _KernelLayerCache:
+    """One layer's kvquant paged cache served by its Triton kernels (GPU), one sequence at a time.
 
     Positions map to slots one to one (the block table is the identity), so writing the tokens
     at ``start...`` and then reading ``start + q`` keys is all that a single sequence needs.
@@ -61,7 +64,6 @@ class _PagedLayerCache:
         head_size: int,
         max_tokens: int,
         device: torch.device,
-        use_kernels: bool,
     ) -> None:
         import kvquant
 
@@ -70,17 +72,12 @@ class _PagedLayerCache:
             num_blocks, num_kv_heads, head_size, _BLOCK_SIZE, cache_dtype, device
         )
         self._block_table = torch.arange(num_blocks, dtype=torch.int32, device=device)[None]
-        self._use_kernels = use_kernels
 
     def write(self, key: torch.Tensor, value: torch.Tensor, start: int) -> None:
         import kvquant
-        from kvquant import reference
 
         slots = torch.arange(start, start + key.shape[0], dtype=torch.int64, device=key.device)
-        if self._use_kernels:
-            kvquant.cache_write(self._cache, key, value, slots)
-        else:
-            reference.cache_write_ref(self._cache, key, value, slots)
+        kvquant.cache_write(self._cache, key, value, slots)
 
     def attend(
         self,
@@ -91,24 +88,9 @@ class _PagedLayerCache:
         softcap: float | None,
     ) -> torch.Tensor:
         import kvquant
-        from kvquant import reference
 
-        num_new = query.shape[0]
-        device = query.device
-        seq_lens = torch.tensor([seq_len], dtype=torch.int32, device=device)
-        cu_seqlens_q = torch.tensor([0, num_new], dtype=torch.int32, device=device)
-        if not self._use_kernels:
-            return reference.paged_attention_ref(
-                query,
-                self._cache,
-                self._block_table,
-                seq_lens,
-                cu_seqlens_q,
-                softmax_scale,
-                sliding_window,
-                softcap,
-            )
-        if num_new == 1:
+        seq_lens = torch.tensor([seq_len], dtype=torch.int32, device=query.device)
+        if query.shape[0] == 1:
             return kvquant.decode_attention(
                 query,
                 self._cache,
@@ -118,6 +100,7 @@ class _PagedLayerCache:
                 sliding_window=sliding_window,
                 softcap=softcap,
             )
+        cu_seqlens_q = torch.tensor([0, query.shape[0]], dtype=torch.int32, device=query.device)
         return kvquant.prefill_attention(
             query,
             self._cache,
@@ -130,8 +113,15 @@ class _PagedLayerCache:
         )
 
 
-class _DenseLayerCache:
-    """K/V rounded to ``storage_dtype`` on write and widened to fp32 on read (fp32 or fp8)."""
+class _ReadBackLayerCache:
+    """One layer's cache on the torch reference path, held as the fp32 values it reads back.
+
+    Each write rounds only its new tokens as the cache stores them and keeps them widened to
+    fp32, so attention sees exactly what kvquant's ``reference.gather_kv`` would return for an
+    INT8 or 16-bit paged cache, but a decode step rounds one token instead of the sequence.
+    INT8 goes through kvquant's ``reference.quantize_per_token_head`` and ``dequantize``; fp8 is
+    clamped and cast; 16-bit and fp32 are cast.
+    """
 
     def __init__(
         self,
@@ -141,19 +131,36 @@ class _DenseLayerCache:
         max_tokens: int,
         device: torch.device,
     ) -> None:
+        self._storage_dtype = storage_dtype
         shape = (max_tokens, num_kv_heads, head_size)
-        self._k = torch.zeros(shape, dtype=storage_dtype, device=device)
-        self._v = torch.zeros(shape, dtype=storage_dtype, device=device)
+        self._k = torch.empty(shape, dtype=torch.float32, device=device)
+        self._v = torch.empty(shape, dtype=torch.float32, device=device)
+        # First position whose stored V holds a NaN or inf; max_tokens while there is none.
+        self._nonfinite_from = max_tokens
 
-    def _store(self, x: torch.Tensor) -> torch.Tensor:
-        if self._k.dtype == torch.float8_e4m3fn:
-            x = x.float().clamp(-_FP8_E4M3_MAX, _FP8_E4M3_MAX)
-        return x.to(self._k.dtype)
+    def _stored(self, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """``[2, n, num_kv_heads, head_size]`` fp32: K and V as the cache would read them back."""
+        from kvquant import reference
+
+        both = torch.stack((key, value))
+        if self._storage_dtype == torch.int8:
+            # Scales are per vector, so quantizing K and V in one call changes no code or scale.
+            codes, scale = reference.quantize_per_token_head(both)
+            return reference.dequantize(codes, scale)
+        if self._storage_dtype == torch.float8_e4m3fn:
+            both = both.float().clamp(-_FP8_E4M3_MAX, _FP8_E4M3_MAX)
+        return both.to(self._storage_dtype).float()
 
     def write(self, key: torch.Tensor, value: torch.Tensor, start: int) -> None:
         end = start + key.shape[0]
-        self._k[start:end] = self._store(key)
-        self._v[start:end] = self._store(value)
+        k, v = self._stored(key, value)
+        self._k[start:end] = k
+        self._v[start:end] = v
+        if self._nonfinite_from >= start:
+            self._nonfinite_from = self._k.shape[0]
+            bad = (~torch.isfinite(v).all(dim=(1, 2))).nonzero()
+            if bad.numel():
+                self._nonfinite_from = start + int(bad[0])
 
     def attend(
         self,
@@ -163,16 +170,55 @@ class _DenseLayerCache:
         sliding_window: int | None,
         softcap: float | None,
     ) -> torch.Tensor:
-        from kvquant import reference
-
-        return reference.attention_ref(
+        return attention(
             query,
-            self._k[:seq_len].float(),
-            self._v[:seq_len].float(),
+            self._k[:seq_len],
+            self._v[:seq_len],
             softmax_scale,
             sliding_window,
             softcap,
+            finite_values=self._nonfinite_from >= seq_len,
         )
+
+
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    softmax_scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+    *,
+    finite_values: bool,
+) -> torch.Tensor:
+    """kvquant's ``reference.attention_ref``, bit for bit.
+
+    With ``finite_values`` (V holds no NaN or inf) the reference's NaN bookkeeping changes no
+    output, yet costs most of a decode step on the CPU; so it is skipped and the same tensor
+    operations run without it. Otherwise the reference itself runs.
+    """
+    from kvquant import reference
+
+    if not finite_values:
+        return reference.attention_ref(query, key, value, softmax_scale, sliding_window, softcap)
+    q_len, num_q_heads, _ = query.shape
+    seq_len, num_kv_heads, _ = key.shape
+    group = num_q_heads // num_kv_heads
+    k = key.float().repeat_interleave(group, dim=1)
+    v = value.float().repeat_interleave(group, dim=1)
+    logits = torch.einsum("qhd,khd->hqk", query.float(), k) * softmax_scale
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    # One query without a window sees every key: the causal mask would hide nothing.
+    if q_len > 1 or sliding_window is not None:
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)[:, None]
+        k_pos = torch.arange(seq_len, device=query.device)[None, :]
+        visible = k_pos <= q_pos
+        if sliding_window is not None:
+            visible &= k_pos > q_pos - sliding_window
+        logits = logits.masked_fill(~visible, -math.inf)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.einsum("hqk,khd->qhd", probs, v)
 
 
 @dataclass
@@ -219,30 +265,29 @@ def new_session(
 ) -> KVSession:
     """Allocate every layer's cache for sequences of up to ``max_tokens`` tokens.
 
-    On a GPU the kvquant Triton kernels serve the paged caches; on the CPU, kvquant's torch
-    reference does, so no Triton interpreter is needed.
+    On a GPU the kvquant Triton kernels serve the paged caches; on the CPU, and for caches
+    kvquant does not page, a `_ReadBackLayerCache` on kvquant's torch reference does, so no
+    Triton interpreter is needed.
     """
     import kvquant
 
     layout, storage_dtype = cache_storage(kv_cache_dtype, model_dtype)
-    use_kernels = device.type != "cpu"
-    if layout == "paged" and use_kernels and model_dtype not in (torch.float16, torch.bfloat16):
+    use_kernels = layout == "paged" and device.type != "cpu"
+    if use_kernels and model_dtype not in (torch.float16, torch.bfloat16):
         msg = f"`dtype` is {model_dtype} on {device}; kvquant's kernels expect float16 or bfloat16"
         raise AccuracyError(msg)
-    layers: list[_LayerCache] = []
-    for _ in range(num_layers):
-        if layout == "paged":
-            try:
-                layer: _LayerCache = _PagedLayerCache(
-                    storage_dtype, num_kv_heads, head_size, max_tokens, device, use_kernels
-                )
-            except kvquant.InvalidInputError as error:
-                raise UnsupportedModelError(f"the model's KV cache: {error}") from None
-            layers.append(layer)
-        else:
-            layers.append(
-                _DenseLayerCache(storage_dtype, num_kv_heads, head_size, max_tokens, device)
-            )
+    try:
+        if layout == "paged" and not use_kernels:
+            # The reference path needs no pages, but a model whose K/V kvquant cannot page is
+            # refused on the CPU as on a GPU.
+            kvquant.allocate_cache(1, num_kv_heads, head_size, _BLOCK_SIZE, storage_dtype, device)
+        layer_cache = _KernelLayerCache if use_kernels else _ReadBackLayerCache
+        layers: list[_LayerCache] = [
+            layer_cache(storage_dtype, num_kv_heads, head_size, max_tokens, device)
+            for _ in range(num_layers)
+        ]
+    except kvquant.InvalidInputError as error:
+        raise UnsupportedModelError(f"the model's KV cache: {error}") from None
     return KVSession(layers=layers, prefill_reads_cache=prefill_reads_cache)
 
 
@@ -288,9 +333,8 @@ def kvquant_attention(
     start = session.length
     cache.write(k, v, start)
     if start == 0 and q.shape[0] > 1 and not session.prefill_reads_cache:
-        from kvquant import reference
-
-        out = reference.attention_ref(q, k, v, softmax_scale, sliding_window, softcap)
+        finite = bool(torch.isfinite(v).all())
+        out = attention(q, k, v, softmax_scale, sliding_window, softcap, finite_values=finite)
     else:
         out = cache.attend(q, start + q.shape[0], softmax_scale, sliding_window, softcap)
     return out.to(query.dtype)[None], None

@@ -5,7 +5,9 @@ Scoring modes for loglikelihood and rolling perplexity:
   it sees quantized K/V depends on ``prefill_reads_cache``.
 - ``decode``: the context minus its last token is prefilled, then that token and the
   continuation are fed one at a time (teacher-forced), so every continuation token's
-  log-probability comes from a query that attended to the cached, quantized K/V.
+  log-probability comes from a query that attended to the cached, quantized K/V. A request
+  whose prefill equals the previous one's (the choices of a multiple-choice item) reuses the
+  cached prefill: the same tokens at the same positions would write the same K/V.
 
 Generation is greedy: prefill, then one cached decode step per new token.
 Sequences run one at a time; each result goes to lm-eval's cache as soon as it is known, so an
@@ -152,6 +154,9 @@ class KVQuantHFLM(TemplateLM):  # type: ignore[misc]  # TemplateLM is untyped
             device=model.device,
             prefill_reads_cache=_parse_bool("prefill_reads_cache", prefill_reads_cache),
         )
+        # Tokens at positions 0... of the cache from the last decode-mode prefill; None once
+        # anything else may have overwritten them.
+        self._prefilled: list[int] | None = None
 
     @property
     def eot_token_id(self) -> int:
@@ -186,18 +191,35 @@ class KVQuantHFLM(TemplateLM):  # type: ignore[misc]  # TemplateLM is untyped
         logits: torch.Tensor = out.logits[0].float()
         return logits
 
+    def _restart(self) -> None:
+        """Make the next forward write from position 0."""
+        self._session.length = 0
+        self._prefilled = None
+
+    def _prefill(self, tokens: list[int]) -> None:
+        """Hold ``tokens`` at positions 0... of the cache, ready for the next position.
+
+        Later decode steps write only past ``tokens``, so a prefill stays valid until a request
+        with other tokens, a single-pass score or a generation starts again at position 0.
+        """
+        if tokens != self._prefilled:
+            self._restart()
+            if tokens:
+                self._forward(tokens, logits_to_keep=1)
+            self._prefilled = tokens
+        self._session.length = len(tokens)
+
     def _score(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:
         """Sum of log p(continuation | context) and whether greedy decoding reproduces it."""
         whole = (context + continuation)[-(self.max_length + 1) :]
         inputs = whole[:-1]
         n = len(continuation)
-        self._session.length = 0
         if self.score_mode == "single-pass":
+            self._restart()
             logits = self._forward(inputs, logits_to_keep=n)
         else:
             prefill = inputs[: len(inputs) - n]
-            if prefill:
-                self._forward(prefill, logits_to_keep=1)
+            self._prefill(prefill)
             rows = [self._forward([token], logits_to_keep=1) for token in inputs[len(prefill) :]]
             logits = torch.cat(rows)
         log_probs = torch.log_softmax(logits, dim=-1)
@@ -267,7 +289,7 @@ class KVQuantHFLM(TemplateLM):  # type: ignore[misc]  # TemplateLM is untyped
         stops.append(self.tokenizer.decode([self.eot_token_id]))
         max_new = int(gen_kwargs.get("max_gen_toks", _DEFAULT_MAX_GEN_TOKS))
         prompt = self.tok_encode(context)[-(self.max_length - max_new) :]
-        self._session.length = 0
+        self._restart()
         logits = self._forward(prompt, logits_to_keep=1)
         generated: list[int] = []
         text = ""

@@ -168,9 +168,13 @@ def run_accuracy(
     hf_model, tokenizer = load_model(cfg.model, cfg.device, cfg.dtype)
     model_name = resolve_model(cfg.model).name
     rows: list[dict[str, Any]] = []
+    # Seconds per run and cache, lm-eval's task setup included, to track the INT8 / 16-bit cost
+    # ratio; a resumed run counts only the requests it recomputed.
+    timings: list[dict[str, Any]] = []
     for run in cfg.runs:
         scores = []
         for kv_cache_dtype in (cfg.baseline, cfg.candidate):
+            run_started = time.perf_counter()
             lm = KVQuantHFLM(
                 kv_cache_dtype=kv_cache_dtype,
                 prefill_reads_cache=cfg.prefill_reads_cache,
@@ -182,6 +186,14 @@ def run_accuracy(
             prefill = "prefill-reads-cache" if cfg.prefill_reads_cache else "prefill-fresh"
             cache_name = f"{model_name}-{cfg.dtype}-{run.mode}-{kv_cache_dtype}-{prefill}"
             scores.append(_evaluate(lm, run, manager, out_dir / "lm-eval-cache" / cache_name))
+            timings.append(
+                {
+                    "mode": run.mode,
+                    "tasks": list(run.tasks),
+                    "kv_cache_dtype": kv_cache_dtype,
+                    "seconds": time.perf_counter() - run_started,
+                }
+            )
         rows += _rows(run, scores[0], scores[1], cfg.tolerance)
     out_dir.mkdir(parents=True, exist_ok=True)
     plot_path = out_dir / PLOT_NAME
@@ -193,6 +205,7 @@ def run_accuracy(
         "rows": rows,
         "gate": {"tolerance": cfg.tolerance, "passed": all(r["gate_passed"] for r in rows)},
         "plot": str(plot_path),
+        "timings": timings,
         "elapsed_s": time.perf_counter() - started,
     }
     (out_dir / RESULT_NAME).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
