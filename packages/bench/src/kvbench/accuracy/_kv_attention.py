@@ -170,55 +170,17 @@ class _ReadBackLayerCache:
         sliding_window: int | None,
         softcap: float | None,
     ) -> torch.Tensor:
-        return attention(
+        from kvquant.reference import attention_ref
+
+        return attention_ref(
             query,
             self._k[:seq_len],
             self._v[:seq_len],
             softmax_scale,
             sliding_window,
             softcap,
-            finite_values=self._nonfinite_from >= seq_len,
+            values_finite=self._nonfinite_from >= seq_len,
         )
-
-
-def attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    softmax_scale: float,
-    sliding_window: int | None,
-    softcap: float | None,
-    *,
-    finite_values: bool,
-) -> torch.Tensor:
-    """kvquant's ``reference.attention_ref``, bit for bit.
-
-    With ``finite_values`` (V holds no NaN or inf) the reference's NaN bookkeeping changes no
-    output, yet costs most of a decode step on the CPU; so it is skipped and the same tensor
-    operations run without it. Otherwise the reference itself runs.
-    """
-    from kvquant import reference
-
-    if not finite_values:
-        return reference.attention_ref(query, key, value, softmax_scale, sliding_window, softcap)
-    q_len, num_q_heads, _ = query.shape
-    seq_len, num_kv_heads, _ = key.shape
-    group = num_q_heads // num_kv_heads
-    k = key.float().repeat_interleave(group, dim=1)
-    v = value.float().repeat_interleave(group, dim=1)
-    logits = torch.einsum("qhd,khd->hqk", query.float(), k) * softmax_scale
-    if softcap is not None:
-        logits = softcap * torch.tanh(logits / softcap)
-    # One query without a window sees every key: the causal mask would hide nothing.
-    if q_len > 1 or sliding_window is not None:
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)[:, None]
-        k_pos = torch.arange(seq_len, device=query.device)[None, :]
-        visible = k_pos <= q_pos
-        if sliding_window is not None:
-            visible &= k_pos > q_pos - sliding_window
-        logits = logits.masked_fill(~visible, -math.inf)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.einsum("hqk,khd->qhd", probs, v)
 
 
 @dataclass
@@ -333,8 +295,10 @@ def kvquant_attention(
     start = session.length
     cache.write(k, v, start)
     if start == 0 and q.shape[0] > 1 and not session.prefill_reads_cache:
+        from kvquant.reference import attention_ref
+
         finite = bool(torch.isfinite(v).all())
-        out = attention(q, k, v, softmax_scale, sliding_window, softcap, finite_values=finite)
+        out = attention_ref(q, k, v, softmax_scale, sliding_window, softcap, values_finite=finite)
     else:
         out = cache.attend(q, start + q.shape[0], softmax_scale, sliding_window, softcap)
     return out.to(query.dtype)[None], None
