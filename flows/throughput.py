@@ -93,12 +93,8 @@ def _kernel_row(cell: dict[str, Any]) -> list[Scalar]:
 
 
 def _e2e_row(cell: dict[str, Any]) -> list[Scalar]:
-    return [
-        *(cell[column] for column in _E2E_COLUMNS[:12]),
-        cell["engine_start_s"],
-        cell["regression"],
-        _verdict(cell),
-    ]
+    # Every column but the verdict is a field of the cell under the same name.
+    return [*(cell[column] for column in _E2E_COLUMNS[:-1]), _verdict(cell)]
 
 
 def throughput_record(

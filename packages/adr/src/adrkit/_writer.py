@@ -80,7 +80,7 @@ def update_adrs(
 
 def _read(path: Path) -> str | bytes | None:
     try:
-        return path.read_bytes() if path.suffix == ".png" else path.read_text(encoding="utf-8")
+        return path.read_bytes() if is_figure(path.name) else path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
 
