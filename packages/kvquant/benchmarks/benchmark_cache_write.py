@@ -56,17 +56,19 @@ def main() -> None:
 
 
 def sweep() -> None:
-    """INT8 write, slots in order, for each tokens-per-program setting."""
+    """INT8 write, slots in order, for each tokens-per-program and warps setting."""
     key = torch.randn((NUM_TOKENS, NUM_KV_HEADS, HEAD_SIZE), device="cuda", dtype=torch.bfloat16)
     cache = allocate_cache(
         NUM_TOKENS // BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, torch.int8, "cuda"
     )
     slots = torch.arange(NUM_TOKENS, device="cuda")
-    for tokens in (4, 8, 16, 32, 64):
-        cache_write_module._BLOCK_TOKENS = tokens
-        cache_write_module.cache_write_spec.cache_clear()
-        ms = median_ms(lambda: cache_write(cache, key, key, slots, validate=False))
-        print(f"tokens per program {tokens:>3}: {ms:.3f} ms")
+    for tokens in (8, 16):
+        for warps in (1, 2, 4, 8):
+            cache_write_module._BLOCK_TOKENS = tokens
+            cache_write_module._NUM_WARPS = warps
+            cache_write_module.cache_write_spec.cache_clear()
+            ms = median_ms(lambda: cache_write(cache, key, key, slots, validate=False))
+            print(f"tokens per program {tokens:>3}, warps {warps}: {ms:.3f} ms", flush=True)
 
 
 if __name__ == "__main__":

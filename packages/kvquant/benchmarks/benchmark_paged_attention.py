@@ -7,6 +7,9 @@ batch 1/16/64 x context 1k/8k/32k. Every sequence has the full context. Times ar
 triton.testing.do_bench, which zeroes a 256 MB buffer before each timed call, so no call finds
 the previous call's bytes in the 60 MB L2. Inputs are random and non-zero; validation (one host
 sync) is off in the timed calls. GB/s counts the KV bytes a decode must read, scales included.
+
+Each call is timed as a replayed CUDA graph (kernel time, as vLLM runs decode), and the INT8 call
+also eagerly ("eager ms": the Python launch path included, which bounds the small shapes).
 """
 
 from __future__ import annotations
@@ -29,6 +32,19 @@ CONTEXTS = (1024, 8192, 32768)
 
 def median_ms(fn: Callable[[], object]) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def graph_ms(fn: Callable[[], object]) -> float:
+    """Median time of ``fn`` captured once in a CUDA graph and replayed (no host launch cost)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # compiles and allocates outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return median_ms(graph.replay)
 
 
 def copy_bandwidth() -> float:
@@ -84,21 +100,23 @@ def sdpa_ms(batch: int, context: int) -> float:
     k = torch.randn(batch, NUM_KV_HEADS, context, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE)
     v = torch.randn_like(k)
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    return median_ms(lambda: sdpa(q, k, v, enable_gqa=True))
+    return graph_ms(lambda: sdpa(q, k, v, enable_gqa=True))
 
 
 def table(copy_gbs: float) -> None:
     print(f"device copy bandwidth: {copy_gbs:.0f} GB/s (read + write)")
     print(
         f"{'batch':>5} {'context':>7} {'int8 ms':>8} {'KV MB':>8} {'GB/s':>6} {'of copy':>7} "
-        f"{'bf16 ms':>8} {'bf16 GB/s':>9} {'vs bf16':>7} {'sdpa ms':>8} {'vs sdpa':>7}"
+        f"{'bf16 ms':>8} {'bf16 GB/s':>9} {'vs bf16':>7} {'sdpa ms':>8} {'vs sdpa':>7} "
+        f"{'eager ms':>8}"
     )
     for batch, context in itertools.product(BATCHES, CONTEXTS):
         int8 = DecodeSetup(batch, context, torch.int8)
-        int8_ms = median_ms(int8.run)
+        int8_ms = graph_ms(int8.run)
+        eager_ms = median_ms(int8.run)
         del int8
         bf16 = DecodeSetup(batch, context, MODEL_DTYPE)
-        bf16_ms = median_ms(bf16.run)
+        bf16_ms = graph_ms(bf16.run)
         del bf16
         dense_ms = sdpa_ms(batch, context)
         int8_bytes = kv_bytes(batch, context, torch.int8)
@@ -107,37 +125,42 @@ def table(copy_gbs: float) -> None:
         print(
             f"{batch:>5} {context:>7} {int8_ms:>8.3f} {int8_bytes / 1e6:>8.1f} {gbs:>6.0f} "
             f"{gbs / copy_gbs:>7.2f} {bf16_ms:>8.3f} {bf16_gbs:>9.0f} {bf16_ms / int8_ms:>6.2f}x "
-            f"{dense_ms:>8.3f} {dense_ms / int8_ms:>6.2f}x",
+            f"{dense_ms:>8.3f} {dense_ms / int8_ms:>6.2f}x {eager_ms:>8.3f}",
             flush=True,
         )
 
 
+SWEEP_SHAPES = ((16, 8192), (16, 32768), (64, 32768))
+
+
 def sweep() -> None:
-    """Time INT8 and bf16 decode for launch settings around the chosen one, batch 16/64, 32k."""
+    """Time INT8 and bf16 decode for launch settings around the chosen one."""
     setups = {
-        (dtype, b): DecodeSetup(b, 32768, dtype)
+        (dtype, shape): DecodeSetup(*shape, dtype)
         for dtype in (torch.int8, MODEL_DTYPE)
-        for b in (16, 64)
+        for shape in SWEEP_SHAPES
     }
+    shape_names = " ".join(f"{f'{b}/{c // 1024}k ms':>10}" for b, c in SWEEP_SHAPES)
     print(
-        f"{'cache':>8} {'tile':>4} {'warps':>5} {'stages':>6} {'prog/SM':>7} "
-        f"{'b16 ms':>7} {'b64 ms':>7} {'b64 GB/s':>8}"
+        f"{'cache':>8} {'tile':>4} {'warps':>5} {'stages':>6} {'maxnreg':>7} "
+        f"{shape_names} {'64/32k GB/s':>11}"
     )
-    settings = [(128, 4, 2, 8), (128, 4, 3, 8), (128, 4, 2, 16), (128, 4, 2, 6), (64, 4, 3, 8)]
+    settings = [(128, 4, 2, 128), (128, 4, 3, 128), (128, 4, 2, None), (64, 4, 3, 128)]
     cells = [(torch.int8, *setting) for setting in settings]
-    cells.append((MODEL_DTYPE, 128, 4, 3, 8))
-    for dtype, tile, warps, stages, per_sm in cells:
+    cells.append((MODEL_DTYPE, 128, 4, 3, None))
+    for dtype, tile, warps, stages, maxnreg in cells:
         paged_attention._TILE_N = tile
         paged_attention._NUM_WARPS = warps
         paged_attention._NUM_STAGES = paged_attention._NUM_STAGES_INT8 = stages
-        paged_attention._DECODE_PROGRAMS_PER_SM = per_sm
+        paged_attention._DECODE_MAXNREG_INT8 = maxnreg
         paged_attention.clear_spec_caches()
-        times = [median_ms(setups[dtype, b].run) for b in (16, 64)]
-        gbs = kv_bytes(64, 32768, dtype) / times[1] / 1e6
+        times = [graph_ms(setups[dtype, shape].run) for shape in SWEEP_SHAPES]
+        gbs = kv_bytes(*SWEEP_SHAPES[-1], dtype) / times[-1] / 1e6
         name = str(dtype).removeprefix("torch.")
         print(
-            f"{name:>8} {tile:>4} {warps:>5} {stages:>6} {per_sm:>7} "
-            f"{times[0]:>7.3f} {times[1]:>7.3f} {gbs:>8.0f}",
+            f"{name:>8} {tile:>4} {warps:>5} {stages:>6} {maxnreg or '-':>7} "
+            + " ".join(f"{t:>10.3f}" for t in times)
+            + f" {gbs:>11.0f}",
             flush=True,
         )
 

@@ -151,9 +151,41 @@ def make_spec(
     )
 
 
-def launch(spec: KernelSpec, grid: tuple[int, ...], *args: object) -> None:
-    """Launch ``spec.kernel`` with the runtime ``args`` in order and the spec's constexprs."""
-    options: dict[str, int] = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+def _launch_options(spec: KernelSpec) -> dict[str, int]:
+    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
     if spec.maxnreg is not None:
         options["maxnreg"] = spec.maxnreg
-    spec.kernel[grid](*args, **spec.constexprs, **options)
+    return options
+
+
+def launch(spec: KernelSpec, grid: tuple[int, ...], *args: object) -> None:
+    """Launch ``spec.kernel`` with the runtime ``args`` in order and the spec's constexprs."""
+    spec.kernel[grid](*args, **spec.constexprs, **_launch_options(spec))
+
+
+def resident_programs(spec: KernelSpec, grid: tuple[int, ...], *args: object) -> int:
+    """How many programs of ``spec`` one SM (CU) holds at once, from its compiled resource use.
+
+    Compiles the kernel for ``args`` (as a launch would; nothing runs). CUDA: registers are
+    allocated per warp in blocks of 256, shared memory per block with 1 KiB reserved. HIP: the
+    CDNA2 formula of ``kvquant.build`` on the kernel's VGPRs and LDS.
+    """
+    kernel = spec.kernel.warmup(*args, grid=grid, **spec.constexprs, **_launch_options(spec))
+    # The register count comes from the driver when the binary is loaded, which Triton defers to
+    # the first launch; load it now (Triton 3.6 and 3.9 name the step `_init_handles`).
+    kernel._init_handles()
+    shared = int(kernel.metadata.shared)
+    if torch.version.hip is not None:
+        from ..build._resources import cdna2_waves_per_simd
+
+        waves = cdna2_waves_per_simd(
+            vgprs=int(kernel.n_regs), agprs=0, sgprs=0, lds_bytes=shared, num_warps=spec.num_warps
+        )
+        return max(1, waves * 4 // spec.num_warps)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    registers_per_warp = -(-max(int(kernel.n_regs), 1) * 32 // 256) * 256
+    by_registers = int(getattr(props, "regs_per_multiprocessor", 65536)) // registers_per_warp
+    by_registers //= spec.num_warps
+    by_threads = props.max_threads_per_multi_processor // (32 * spec.num_warps)
+    by_shared = props.shared_memory_per_multiprocessor // (shared + 1024)
+    return max(1, min(by_registers, by_threads, by_shared, 32))

@@ -28,10 +28,18 @@ from ._common import (
     pointer,
 )
 
-# Tokens per program. Swept 4-64 on the H200 (benchmark_cache_write.py --sweep, NOTES.md): 16 and
-# 32 tie (0.096 / 0.093 ms for 32k tokens), 4, 8 and 64 are 20-60% slower. At most the smallest
-# block size (16), so the in-order V store of a tile stays within one page.
+# Tokens and warps per program (benchmark_cache_write.py --sweep on the H200, NOTES.md): 16
+# tokens on 2 warps took 0.062 ms for 32k tokens, 4 warps 0.076, 8 warps 0.091; 8 tokens on 1-8
+# warps 0.067-0.124. The write is ALU-bound (ncu: 75% issue slots), so fewer threads per tile,
+# each with more elements, win. At most the smallest block size (16), so the in-order V store of
+# a tile stays within one page.
 _BLOCK_TOKENS = 16
+_NUM_WARPS = 2
+
+
+@triton.jit
+def _max_keeping_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -39,23 +47,27 @@ def _quantize_rows(x):
     """Per row of fp32 ``x [T, D]``: int8 codes [T, D] and fp32 scales [T], upstream's numerics.
 
     Padding columns must hold 0. Rows with NaN/inf get scale NaN and zero codes.
+
+    The write is bound by instructions per element as much as by bytes (version 3 in NOTES.md),
+    so each step is chosen for its count: one NaN-keeping max finds both the scale and a bad row;
+    the rounding works on |x| and puts the sign back last.
     """
-    bad = tl.sum(((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32), axis=1) > 0
-    absmax = tl.max(tl.abs(x), axis=1)
+    absmax = tl.reduce(tl.abs(x), 1, _max_keeping_nan)  # NaN if any NaN, inf if any inf
+    bad = (absmax != absmax) | (absmax == float("inf"))
     # div_rn: IEEE division, as torch computes it; plain `/` compiles to an approximate divide.
     scale = tl.maximum(tl.math.div_rn(absmax, 127.0), 1e-6)
-    inverse = tl.math.div_rn(tl.zeros_like(scale) + 1.0, scale)
-    scaled = x * inverse[:, None]
-    scaled = tl.where(bad[:, None], 0.0, scaled)
-    # Round half away from zero: truncate, then step away from zero when the remainder is >= 0.5.
-    # Compared as `scaled >= whole + 0.5` (exact), not `scaled - whole >= 0.5`: the subtraction
-    # would be fused with the multiply above into an FMA that sees the unrounded product, which
-    # flipped about 0.03% of codes on the H200.
-    whole = scaled.to(tl.int32).to(tl.float32)
-    rounded = whole + tl.where(
-        scaled >= whole + 0.5, 1.0, tl.where(scaled <= whole - 0.5, -1.0, 0.0)
-    )
-    codes = tl.minimum(tl.maximum(rounded, -128.0), 127.0).to(tl.int8)
+    inverse = tl.where(bad, 0.0, tl.math.div_rn(tl.zeros_like(scale) + 1.0, scale))
+    scaled = tl.where(bad[:, None], 0.0, x * inverse[:, None])
+    # Round half away from zero on the magnitude: floor, then up when the rest is >= 0.5.
+    # Compared as `magnitude >= whole + 0.5` (exact), not `magnitude - whole >= 0.5`: the
+    # subtraction would be fused with the multiply above into an FMA that sees the unrounded
+    # product, which flipped about 0.03% of codes on the H200.
+    magnitude = tl.abs(scaled)
+    whole = tl.floor(magnitude)
+    rounded = tl.minimum(whole + tl.where(magnitude >= whole + 0.5, 1.0, 0.0), 127.0)
+    # |codes| <= 127: the scale maps absmax to 127, so -128 never occurs (upstream's clamp to
+    # [-128, 127] is then the same clamp).
+    codes = tl.where(scaled < 0.0, -rounded, rounded).to(tl.int8)
     return codes, tl.where(bad, float("nan"), scale)
 
 
@@ -184,7 +196,7 @@ def cache_write_spec(
         "QUANTIZE": quantize,
     }
     return make_spec(
-        "cache_write", _cache_write_kernel, types, constexprs, num_warps=4, num_stages=1
+        "cache_write", _cache_write_kernel, types, constexprs, num_warps=_NUM_WARPS, num_stages=1
     )
 
 

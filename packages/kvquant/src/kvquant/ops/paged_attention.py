@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,6 +46,7 @@ from ._common import (
     make_spec,
     next_power_of_2,
     pointer,
+    resident_programs,
     runtime_target,
 )
 
@@ -56,10 +58,14 @@ _LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 _TILE_N = 128
 # Query rows (query tokens x query heads of one kv head) per prefill program.
 _PREFILL_ROWS = 64
-# Decode programs wanted in flight per SM; split-KV raises the program count up to this.
-# Measured (benchmark --sweep, 2, 4, 8): 8 was 8% faster than 4 at batch 16 / 32k and 2% slower
-# at batch 64 / 32k.
-_DECODE_PROGRAMS_PER_SM = 8
+# Split-KV choice (version 7, NOTES.md). Decode programs start in waves of `slots` (SMs times
+# the programs one SM holds, from the compiled kernel); a split count s costs about
+#   waves(s) * (tiles per split + _SPLIT_OVERHEAD_TILES),
+# the overhead being the query prologue and the partial-result epilogue. On the H200 this model
+# ranked the measured split counts of batch 4/16/64 x 8k/32k in their measured order.
+_SPLIT_OVERHEAD_TILES = 2
+# Slots assumed under the interpreter (no device to ask); small, so CPU tests still split.
+_INTERPRETER_SLOTS = 64
 # Warps and pipeline stages of the attention kernels, from the benchmark's --sweep on the H200
 # (NOTES.md, version 2): 4 warps beat 8 by 40-70%; INT8 decode ran 15% faster with 2 stages
 # than 3 (1.632 vs 1.916 ms, batch 64 / 32k), the 16-bit one within 1% either way.
@@ -524,21 +530,49 @@ def _multiprocessor_count(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
-def choose_num_splits(
-    num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device
-) -> int:
-    """Split-KV count for decode: enough programs to fill the GPU, never an empty split.
+@functools.lru_cache(maxsize=4096)
+def choose_num_splits(num_programs: int, num_tiles: int, slots: int) -> int:
+    """Split-KV count for decode: the cheapest under the wave model above, never an empty split.
 
-    One program per (sequence, kv head) fills the GPU at large batch; below that, each
-    sequence's tiles are shared among splits until about _DECODE_PROGRAMS_PER_SM programs per SM
-    exist.
+    ``num_programs`` is the unsplit grid (sequences x kv heads), ``num_tiles`` the KV tiles of the
+    longest sequence, ``slots`` the programs the whole device holds at once. Ties go to fewer
+    splits (less partial-result traffic).
     """
-    num_tiles = max(triton.cdiv(max_seq_len, _TILE_N), 1)
-    sms = _multiprocessor_count(device.index or 0) if device.type == "cuda" else 8
-    wanted = triton.cdiv(sms * _DECODE_PROGRAMS_PER_SM, max(num_seqs * num_kv_heads, 1))
-    splits = min(max(wanted, 1), num_tiles)
+
+    def cost(splits: int) -> int:
+        per_split = -(-num_tiles // splits)
+        waves = -(-num_programs * -(-num_tiles // per_split) // slots)
+        return waves * (per_split + _SPLIT_OVERHEAD_TILES)
+
+    best = min(range(1, max(num_tiles, 1) + 1), key=lambda splits: (cost(splits), splits))
     # Rounding: every split gets the same whole number of tiles and the last one is not empty.
-    return int(triton.cdiv(num_tiles, triton.cdiv(num_tiles, splits)))
+    return int(triton.cdiv(num_tiles, triton.cdiv(num_tiles, best)))
+
+
+_decode_slots: dict[tuple[Any, ...], int] = {}
+
+
+def _device_slots(
+    spec: KernelSpec,
+    device: torch.device,
+    launch_arguments: Callable[[], tuple[tuple[int, ...], list[Any]]],
+) -> int:
+    """Programs of ``spec`` the device holds at once; compiled for ``launch_arguments()`` once."""
+    if device.type != "cuda":
+        return _INTERPRETER_SLOTS
+    key = (
+        spec.name,
+        tuple(sorted(spec.constexprs.items())),
+        spec.num_warps,
+        spec.num_stages,
+        spec.maxnreg,
+        device.index,
+    )
+    if key not in _decode_slots:
+        grid, args = launch_arguments()
+        per_sm = resident_programs(spec, grid, *args)
+        _decode_slots[key] = per_sm * _multiprocessor_count(device.index or 0)
+    return _decode_slots[key]
 
 
 def _check_attention_inputs(
@@ -789,6 +823,7 @@ def clear_spec_caches() -> None:
     """Forget derived specs, after a tuning sweep changed the module's constants."""
     for spec_function in (decode_spec, prefill_spec, reduce_spec):
         spec_function.cache_clear()
+    _decode_slots.clear()
 
 
 def aot_specs(
@@ -897,51 +932,59 @@ def decode_attention(
         max_seq_len = int(seq_lens.max())
     span = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window + _TILE_N)
     num_tiles = max(triton.cdiv(span, _TILE_N), 1)
-    if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, cache.num_kv_heads, span, query.device)
-    num_splits = max(1, min(num_splits, num_tiles))
-    tiles_per_split = triton.cdiv(num_tiles, num_splits)
-    num_splits = triton.cdiv(num_tiles, tiles_per_split)
     geometry = _geometry(query, cache)
     decode = decode_spec(**geometry)
     reduce = reduce_spec(head_size=cache.head_size, model_dtype=query.dtype, out_dtype=result.dtype)
     num_q_heads = query.shape[1]
-    partial_acc = torch.empty(
-        num_seqs, num_q_heads, num_splits, cache.head_size, dtype=torch.float32, device=query.device
-    )
-    partial_max = torch.empty(
-        num_seqs, num_q_heads, num_splits, dtype=torch.float32, device=query.device
-    )
-    partial_sum = torch.empty_like(partial_max)
     k_scale, v_scale = _scale_tensors(cache)
-    launch(
-        decode,
-        (num_seqs, cache.num_kv_heads, num_splits),
-        partial_acc,
-        partial_max,
-        partial_sum,
-        query,
-        cache.k,
-        cache.v,
-        k_scale,
-        v_scale,
-        block_table,
-        _index_tensor(seq_lens),
-        softmax_scale,
-        softcap or 0.0,
-        sliding_window or 0,
-        num_splits,
-        tiles_per_split,
-        query.stride(0),
-        query.stride(1),
-        cache.k.stride(0),
-        cache.k.stride(1),
-        cache.v.stride(0),
-        cache.v.stride(1),
-        k_scale.stride(0),
-        k_scale.stride(1),
-        block_table.stride(0),
-    )
+
+    def decode_launch(splits: int) -> tuple[tuple[int, int, int], list[Any]]:
+        """The grid and arguments of a decode with ``splits`` splits (allocates its partials)."""
+        tiles_per_split = triton.cdiv(num_tiles, splits)
+        partial_acc = torch.empty(
+            num_seqs, num_q_heads, splits, cache.head_size, dtype=torch.float32, device=query.device
+        )
+        partial_max = torch.empty(
+            num_seqs, num_q_heads, splits, dtype=torch.float32, device=query.device
+        )
+        partial_sum = torch.empty_like(partial_max)
+        grid = (num_seqs, cache.num_kv_heads, splits)
+        args = [
+            partial_acc,
+            partial_max,
+            partial_sum,
+            query,
+            cache.k,
+            cache.v,
+            k_scale,
+            v_scale,
+            block_table,
+            _index_tensor(seq_lens),
+            softmax_scale,
+            softcap or 0.0,
+            sliding_window or 0,
+            splits,
+            tiles_per_split,
+            query.stride(0),
+            query.stride(1),
+            cache.k.stride(0),
+            cache.k.stride(1),
+            cache.v.stride(0),
+            cache.v.stride(1),
+            k_scale.stride(0),
+            k_scale.stride(1),
+            block_table.stride(0),
+        ]
+        return grid, args
+
+    if num_splits is None:
+        slots = _device_slots(decode, query.device, lambda: decode_launch(2))
+        num_splits = choose_num_splits(num_seqs * cache.num_kv_heads, num_tiles, slots)
+    num_splits = max(1, min(num_splits, num_tiles))
+    num_splits = triton.cdiv(num_tiles, triton.cdiv(num_tiles, num_splits))
+    grid, args = decode_launch(num_splits)
+    launch(decode, grid, *args)
+    partial_acc, partial_max, partial_sum = args[:3]
     launch(
         reduce,
         (num_seqs, num_q_heads),
