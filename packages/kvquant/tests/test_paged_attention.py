@@ -59,8 +59,14 @@ def _decode(
     out = torch.full(batch.query.shape, math.nan, dtype=out_dtype, device=batch.query.device)
     scale = batch.query.shape[-1] ** -0.5
     decode_attention(
-        batch.query, batch.cache, batch.block_table, batch.seq_lens, scale, out=out, **kwargs
-    )  # type: ignore[arg-type]
+        batch.query,
+        batch.cache,
+        batch.block_table,
+        batch.seq_lens,
+        scale,
+        out=out,
+        **kwargs,  # type: ignore[arg-type]
+    )
     return out
 
 
@@ -75,8 +81,8 @@ def _prefill(batch: PagedBatch, **kwargs: object) -> torch.Tensor:
         batch.cu_seqlens_q,
         scale,
         out=out,
-        **kwargs,
-    )  # type: ignore[arg-type]
+        **kwargs,  # type: ignore[arg-type]
+    )
     return out
 
 

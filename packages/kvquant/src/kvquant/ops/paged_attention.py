@@ -75,7 +75,7 @@ _NUM_STAGES_INT8 = 2
 # Register cap of the INT8 decode on CUDA: 128 lets 4 programs share an SM. Triton 3.6 takes 144
 # otherwise (3 programs); the cap made batch 64 / 32k 7% faster on the H200 (1.191 vs 1.281 ms,
 # NOTES.md). Triton 3.9 allocates 128 unasked.
-_DECODE_MAXNREG_INT8 = 128
+_DECODE_MAXNREG_INT8: int | None = 128
 # Splits the reducer combines per step; the split count itself is a runtime argument.
 _SPLIT_TILE = 16
 
