@@ -1,6 +1,6 @@
 """Decode attention on the H200: INT8 cache vs our 16-bit cache vs PyTorch SDPA on a dense cache.
 
-Run on a CUDA device:  python benchmarks/benchmark_paged_attention.py [--sweep]
+Run on a CUDA device:  python benchmarks/benchmark_paged_attention.py [--sweep | --prefill]
 
 Shapes are the issue's: bf16 model, 32 query heads, 8 kv heads, head size 128, block size 16,
 batch 1/16/64 x context 1k/8k/32k. Every sequence has the full context. Times are medians of
@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 import triton
 
-from kvquant import allocate_cache, decode_attention
+from kvquant import allocate_cache, decode_attention, prefill_attention
 from kvquant.ops import paged_attention
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 32, 8, 128, 16
@@ -165,6 +165,66 @@ def sweep() -> None:
         )
 
 
+# Chunked prefill: each sequence has PREFIX cached tokens and CHUNK new ones (in the cache too).
+PREFILL_BATCH, PREFILL_PREFIX, PREFILL_CHUNK = 4, 2048, 2048
+
+
+def prefill_ms(cache_dtype: torch.dtype) -> float:
+    """Eager median of one chunked prefill (its cu_seqlens check syncs, so no CUDA graph)."""
+    context = PREFILL_PREFIX + PREFILL_CHUNK
+    setup = DecodeSetup(PREFILL_BATCH, context, cache_dtype)
+    query = torch.randn(
+        PREFILL_BATCH * PREFILL_CHUNK, NUM_Q_HEADS, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE
+    )
+    cu_seqlens_q = torch.arange(
+        0, (PREFILL_BATCH + 1) * PREFILL_CHUNK, PREFILL_CHUNK, device="cuda", dtype=torch.int32
+    )
+    out = torch.empty_like(query)
+
+    def run() -> None:
+        prefill_attention(
+            query,
+            setup.cache,
+            setup.block_table,
+            setup.seq_lens,
+            cu_seqlens_q,
+            HEAD_SIZE**-0.5,
+            out=out,
+        )
+
+    return median_ms(run)
+
+
+def prefill_sweep() -> None:
+    """INT8 and bf16 chunked prefill for launch settings around the chosen one."""
+    # Causal FLOPs: QK and PV over the prefix plus the causal half of the chunk.
+    keys_per_query = PREFILL_PREFIX + (PREFILL_CHUNK + 1) / 2
+    flops = 4 * PREFILL_BATCH * PREFILL_CHUNK * NUM_Q_HEADS * HEAD_SIZE * keys_per_query
+    print(f"prefill: batch {PREFILL_BATCH}, {PREFILL_PREFIX} cached + {PREFILL_CHUNK} new tokens")
+    print(f"{'tile':>4} {'rows':>4} {'warps':>5} {'stages':>6} {'int8 ms':>8} {'TFLOP/s':>7} "
+          f"{'bf16 ms':>8} {'TFLOP/s':>7}")  # fmt: skip
+    for tile, rows, warps, stages in [
+        (64, 64, 4, 2),
+        (64, 64, 4, 3),
+        (128, 64, 4, 3),
+        (128, 32, 4, 3),
+        (64, 128, 8, 3),
+        (64, 128, 8, 2),
+        (32, 64, 4, 3),
+    ]:
+        paged_attention._PREFILL_TILE_N = tile
+        paged_attention._PREFILL_ROWS = rows
+        paged_attention._NUM_WARPS = warps
+        paged_attention._PREFILL_STAGES = stages
+        paged_attention.clear_spec_caches()
+        times = [prefill_ms(dtype) for dtype in (torch.int8, MODEL_DTYPE)]
+        print(
+            f"{tile:>4} {rows:>4} {warps:>5} {stages:>6} "
+            + " ".join(f"{t:>8.3f} {flops / t / 1e9:>7.0f}" for t in times),
+            flush=True,
+        )
+
+
 def profile_target(batch: int, context: int) -> None:
     """Three INT8 and three bf16 decodes of one shape, for a profiler (ncu --launch-skip)."""
     for dtype in (torch.int8, MODEL_DTYPE):
@@ -179,6 +239,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sweep", action="store_true", help="sweep launch settings instead")
     parser.add_argument(
+        "--prefill", action="store_true", help="sweep chunked-prefill launch settings instead"
+    )
+    parser.add_argument(
         "--profile",
         nargs=2,
         type=int,
@@ -191,6 +254,8 @@ def main() -> None:
         profile_target(*args.profile)
     elif args.sweep:
         sweep()
+    elif args.prefill:
+        prefill_sweep()
     else:
         table(copy_bandwidth())
 

@@ -58,6 +58,12 @@ _LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 _TILE_N = 128
 # Query rows (query tokens x query heads of one kv head) per prefill program.
 _PREFILL_ROWS = 64
+# Prefill KV tile and pipeline stages (CUDA), from the H200 `--prefill` sweep (NOTES.md, session
+# 3; batch 4, 2048 cached + 2048 new tokens): tile 64 with 2 stages took 4.08 ms INT8 / 3.23 ms
+# bf16 against 4.32 / 5.56 ms for the decode's tile 128 with 3 stages, and leaves no stack frame
+# in the sm_90 build (120 bytes before, at head 128).
+_PREFILL_TILE_N = 64
+_PREFILL_STAGES = 2
 # Split-KV choice (version 7, NOTES.md). Decode programs start in waves of `slots` (SMs times
 # the programs one SM holds, from the compiled kernel); a split count s costs about
 #   waves(s) * (tiles per split + _SPLIT_OVERHEAD_TILES),
@@ -72,6 +78,12 @@ _INTERPRETER_SLOTS = 64
 _NUM_WARPS = 4
 _NUM_STAGES = 3
 _NUM_STAGES_INT8 = 2
+# On HIP (gfx90a) the attention kernels take no software pipelining: CDNA hides latency with
+# waves per SIMD, and the pipeliner's extra buffers cost registers. Ahead-of-time build for
+# gfx90a, head 128, INT8 decode: 256 VGPRs + 47 AGPRs, 1 wave per SIMD at 3 stages; 132 VGPRs, 3
+# waves at 1 stage. INT8 prefill: 1 VGPR spilled at 3 stages, none at 1 (NOTES.md, session 3).
+# Chosen on resource use; not timed on a gfx90a (none is reachable from this project).
+_NUM_STAGES_HIP = 1
 # Register cap of the INT8 decode on CUDA: 128 lets 4 programs share an SM. Triton 3.6 takes 144
 # otherwise (3 programs); the cap made batch 64 / 32k 7% faster on the H200 (1.191 vs 1.281 ms,
 # NOTES.md). Triton 3.9 allocates 128 unasked.
@@ -690,8 +702,16 @@ def _attention_types(
 # 3.9, GQA 8, block 16) the 16-bit kernel needs 295,424 bytes at 3 stages and 294,912 at 2, past
 # the H200's 232,448 (the H200 run of `kvquant check --full` failed with the first figure);
 # 1 stage needs 98,304. INT8 at 3 stages needs 230,912, too close to the limit to keep.
-def _prefill_stages(head_size: int) -> int:
-    return 1 if next_power_of_2(head_size) >= 256 else _NUM_STAGES
+def _decode_stages(cache_dtype: torch.dtype, target: str) -> int:
+    if target == "hip":
+        return _NUM_STAGES_HIP
+    return _NUM_STAGES_INT8 if cache_dtype == torch.int8 else _NUM_STAGES
+
+
+def _prefill_stages(head_size: int, target: str) -> int:
+    if target == "hip" or next_power_of_2(head_size) >= 256:
+        return 1
+    return _PREFILL_STAGES
 
 
 def _group_pad(gqa: int, block_q: int) -> int:
@@ -765,7 +785,7 @@ def decode_spec(
         types,
         constexprs,
         num_warps=_NUM_WARPS,
-        num_stages=_NUM_STAGES_INT8 if cache_dtype == torch.int8 else _NUM_STAGES,
+        num_stages=_decode_stages(cache_dtype, target),
         unaligned=_FREE_STRIDES,
         maxnreg=_DECODE_MAXNREG_INT8 if cache_dtype == torch.int8 and target == "cuda" else None,
     )
@@ -787,6 +807,7 @@ def prefill_spec(
     block_q = max(_PREFILL_ROWS // next_power_of_2(gqa), 1)
     constexprs["GROUP_PAD"] = _group_pad(gqa, block_q)
     constexprs["BLOCK_Q"] = block_q
+    constexprs["TILE_N"] = _PREFILL_TILE_N
     types = _attention_types(
         _RUNTIME_PARAMS["prefill_attention"], model_dtype, cache_dtype, out_dtype or model_dtype
     )
@@ -796,7 +817,7 @@ def prefill_spec(
         types,
         constexprs,
         num_warps=_NUM_WARPS,
-        num_stages=_prefill_stages(head_size),
+        num_stages=_prefill_stages(head_size, target),
         unaligned=_FREE_STRIDES,
     )
 
