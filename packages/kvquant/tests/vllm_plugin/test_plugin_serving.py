@@ -184,7 +184,7 @@ def test_supported_vllm_versions_have_a_hook_module(version: str) -> None:
     assert hook_module_for(version) == "._hooks_v0_32"
 
 
-@pytest.mark.parametrize("version", ["0.18.1", "0.33.0", "0.32.1", "0.32.0rc1", "dev"])
+@pytest.mark.parametrize("version", ["0.18.0", "0.33.0", "0.32.1", "0.32.0rc1", "dev"])
 def test_other_vllm_versions_are_refused_naming_the_supported_ones(version: str) -> None:
     with pytest.raises(UnsupportedVLLMError) as error:
         hook_module_for(version)

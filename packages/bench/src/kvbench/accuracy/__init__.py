@@ -1,7 +1,8 @@
 """Accuracy of a 16-bit against an INT8 KV cache: paired lm-eval comparisons on a real model.
 
 `run_accuracy` runs the configured tasks twice per mode (baseline and INT8 cache) through the
-lm-eval model ``kvquant-hf`` and returns per-task paired statistics with the config's gate.
+lm-eval model ``kvquant-hf``, or lm-eval's own ``vllm`` model given each cache as its
+``kv_cache_dtype``, and returns per-task paired statistics with the config's gate.
 Importing this package stays light; lm-eval, transformers and torch load on first use.
 """
 
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 from ._errors import (
     AccuracyError,
+    BackendMissingError,
     ConfigError,
+    EngineStartError,
     ModelLoadError,
     UnknownTaskError,
     UnsupportedModelError,
@@ -19,7 +22,9 @@ from ._stats import PairedStats, gate_passes, mcnemar_exact, paired_stats
 
 __all__ = [
     "AccuracyError",
+    "BackendMissingError",
     "ConfigError",
+    "EngineStartError",
     "ModelLoadError",
     "PairedStats",
     "UnknownTaskError",

@@ -17,6 +17,12 @@ TASKS_DIR = PACKAGE_ROOT / "tasks"
 RUN_MODES = ("single-pass", "decode", "generate")
 # auto: the model dtype; int8: kvquant per-(token, kv-head); fp8_e4m3: emulated vLLM fp8.
 KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
+# The lm-eval model that scores the tasks: kvquant-hf (a HF model over a kvquant cache, every
+# mode) or lm-eval's own `vllm` model, whose engine is given the cache dtype.
+BACKENDS = ("kvquant-hf", "vllm")
+# What vLLM can run: lm-eval's scoring (single-pass, generate) with its cache written before
+# attention reads it, prefill included. Decode mode is kvquant-hf's teacher-forced path.
+VLLM_RUN_MODES = ("single-pass", "generate")
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class RunSpec:
 
 @dataclass(frozen=True)
 class AccuracyConfig:
+    backend: str
     model: str | None
     device: str
     dtype: str
@@ -96,7 +103,7 @@ def load_config(path: Path | None) -> AccuracyConfig:
         raise ConfigError(
             f"`{unknown[0]}` is not a known table; expected model, compare, gate, runs"
         )
-    model = _table(data, "model", {"path", "device", "dtype", "max_length"})
+    model = _table(data, "model", {"backend", "path", "device", "dtype", "max_length"})
     compare = _table(data, "compare", {"baseline", "candidate", "prefill_reads_cache"})
     gate = _table(data, "gate", {"tolerance"})
     for key, default in (("baseline", "auto"), ("candidate", "int8")):
@@ -105,10 +112,14 @@ def load_config(path: Path | None) -> AccuracyConfig:
             raise ConfigError(
                 f"`compare.{key}` is {name!r}; expected one of {', '.join(KV_CACHE_DTYPES)}"
             )
+    backend = _typed(model, "model", "backend", str, "kvquant-hf")
+    if backend not in BACKENDS:
+        raise ConfigError(f"`model.backend` is {backend!r}; expected one of {', '.join(BACKENDS)}")
     runs = data.get("runs", [])
     if not isinstance(runs, list) or not runs:
         raise ConfigError("`runs` is missing or empty; expected at least one [[runs]] table")
-    return AccuracyConfig(
+    config = AccuracyConfig(
+        backend=backend,
         model=_typed(model, "model", "path", str, "") or None,
         device=_typed(model, "model", "device", str, "cpu"),
         dtype=_typed(model, "model", "dtype", str, "auto"),
@@ -119,3 +130,21 @@ def load_config(path: Path | None) -> AccuracyConfig:
         tolerance=_typed(gate, "gate", "tolerance", float, 0.02),
         runs=tuple(_run(i, entry) for i, entry in enumerate(runs)),
     )
+    if backend == "vllm":
+        _check_vllm_can_run(config)
+    return config
+
+
+def _check_vllm_can_run(config: AccuracyConfig) -> None:
+    """Refuse what lm-eval's `vllm` model cannot score, before any engine starts."""
+    if not config.prefill_reads_cache:
+        raise ConfigError(
+            "`compare.prefill_reads_cache` is false but backend 'vllm' always attends over the "
+            "cache it just wrote; expected true"
+        )
+    for index, run in enumerate(config.runs):
+        if run.mode not in VLLM_RUN_MODES:
+            raise ConfigError(
+                f"`runs[{index}].mode` is {run.mode!r}, kvquant-hf's teacher-forced path; "
+                f"backend 'vllm' runs {' and '.join(VLLM_RUN_MODES)}"
+            )

@@ -19,3 +19,11 @@ class UnsupportedModelError(AccuracyError):
 
 class UnknownTaskError(AccuracyError):
     """A task name is not among the offline tasks shipped under packages/bench/tasks."""
+
+
+class BackendMissingError(AccuracyError):
+    """The configured backend needs a package (vLLM) that this interpreter cannot import."""
+
+
+class EngineStartError(AccuracyError):
+    """vLLM refused or failed to start an engine for one of the compared caches."""

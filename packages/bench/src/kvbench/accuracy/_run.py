@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ._config import TASKS_DIR, AccuracyConfig, RunSpec, load_config
 from ._errors import UnknownTaskError
-from ._model_files import go_offline
+from ._model_files import go_offline, resolve_model
 from ._stats import gate_passes, paired_stats
 
 # Per-sample metrics that are (log-likelihood, weight) pairs, scored per item as the negative
@@ -137,6 +138,59 @@ def plot_deltas(rows: list[dict[str, Any]], tolerance: float, path: Path) -> Non
     plt.close(figure)
 
 
+# One run's scores with one cache: task -> metric -> {doc_id: score}.
+_Scorer = Callable[[RunSpec, str], dict[str, dict[str, dict[int, float]]]]
+
+
+def _hf_scorer(cfg: AccuracyConfig, manager: Any, out_dir: Path, progress: bool) -> _Scorer:
+    """kvquant-hf: one HF model, loaded once, read through each cache in turn."""
+    from ._lm import KVQuantHFLM, load_model
+
+    hf_model, tokenizer = load_model(cfg.model, cfg.device, cfg.dtype)
+    model_name = resolve_model(cfg.model).name
+    prefill = "prefill-reads-cache" if cfg.prefill_reads_cache else "prefill-fresh"
+
+    def score(run: RunSpec, kv_cache_dtype: str) -> dict[str, dict[str, dict[int, float]]]:
+        lm = KVQuantHFLM(
+            kv_cache_dtype=kv_cache_dtype,
+            prefill_reads_cache=cfg.prefill_reads_cache,
+            score_mode="decode" if run.mode == "decode" else "single-pass",
+            max_length=cfg.max_length,
+            loaded=(hf_model, tokenizer),
+            progress=progress,
+        )
+        cache_name = f"{model_name}-{cfg.dtype}-{run.mode}-{kv_cache_dtype}-{prefill}"
+        return _evaluate(lm, run, manager, out_dir / "lm-eval-cache" / cache_name)
+
+    return score
+
+
+def _vllm_scorer(cfg: AccuracyConfig, manager: Any, out_dir: Path) -> _Scorer:
+    """lm-eval's vllm: a fresh engine per run and cache, shut down once its tasks are scored."""
+    from ._model_files import check_has_kv_cache
+    from ._vllm_backend import VLLM_KV_CACHE_DTYPES, shut_down, vllm_lm
+
+    model_dir = resolve_model(cfg.model)
+    check_has_kv_cache(model_dir)
+
+    def score(run: RunSpec, kv_cache_dtype: str) -> dict[str, dict[str, dict[int, float]]]:
+        lm = vllm_lm(
+            model_dir,
+            kv_cache_dtype,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            max_length=cfg.max_length,
+        )
+        engine_cache = VLLM_KV_CACHE_DTYPES[kv_cache_dtype]
+        cache_name = f"{model_dir.name}-{cfg.dtype}-{run.mode}-vllm-{engine_cache}"
+        try:
+            return _evaluate(lm, run, manager, out_dir / "lm-eval-cache" / cache_name)
+        finally:
+            shut_down(lm)
+
+    return score
+
+
 def run_accuracy(
     config: Path | None = None,
     *,
@@ -161,31 +215,26 @@ def run_accuracy(
     if limit is not None:
         cfg = replace(cfg, runs=tuple(replace(run, limit=limit) for run in cfg.runs))
     logging.getLogger("lm-eval").setLevel(logging.WARNING)
-    from ._lm import KVQuantHFLM, load_model
-    from ._model_files import resolve_model
+    if cfg.backend == "vllm":
+        from ._vllm_backend import prepare_vllm
 
+        prepare_vllm()  # before lm-eval's task loading can import vLLM
     manager = _check_tasks(cfg)
-    hf_model, tokenizer = load_model(cfg.model, cfg.device, cfg.dtype)
-    model_name = resolve_model(cfg.model).name
+    score = (
+        _vllm_scorer(cfg, manager, out_dir)
+        if cfg.backend == "vllm"
+        else _hf_scorer(cfg, manager, out_dir, progress)
+    )
     rows: list[dict[str, Any]] = []
-    # Seconds per run and cache, lm-eval's task setup included, to track the INT8 / 16-bit cost
-    # ratio; a resumed run counts only the requests it recomputed.
+    # Seconds per run and cache, lm-eval's task setup (and for vllm the engine start) included,
+    # to track the INT8 / 16-bit cost ratio; a resumed run counts only the requests it
+    # recomputed.
     timings: list[dict[str, Any]] = []
     for run in cfg.runs:
         scores = []
         for kv_cache_dtype in (cfg.baseline, cfg.candidate):
             run_started = time.perf_counter()
-            lm = KVQuantHFLM(
-                kv_cache_dtype=kv_cache_dtype,
-                prefill_reads_cache=cfg.prefill_reads_cache,
-                score_mode="decode" if run.mode == "decode" else "single-pass",
-                max_length=cfg.max_length,
-                loaded=(hf_model, tokenizer),
-                progress=progress,
-            )
-            prefill = "prefill-reads-cache" if cfg.prefill_reads_cache else "prefill-fresh"
-            cache_name = f"{model_name}-{cfg.dtype}-{run.mode}-{kv_cache_dtype}-{prefill}"
-            scores.append(_evaluate(lm, run, manager, out_dir / "lm-eval-cache" / cache_name))
+            scores.append(score(run, kv_cache_dtype))
             timings.append(
                 {
                     "mode": run.mode,
@@ -199,7 +248,8 @@ def run_accuracy(
     plot_path = out_dir / PLOT_NAME
     plot_deltas(rows, cfg.tolerance, plot_path)
     result: dict[str, Any] = {
-        "model": model_name,
+        "backend": cfg.backend,
+        "model": resolve_model(cfg.model).name,
         "device": cfg.device,
         "tasks": sorted({task for run in cfg.runs for task in run.tasks}),
         "rows": rows,

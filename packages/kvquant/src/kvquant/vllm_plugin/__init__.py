@@ -1,12 +1,13 @@
 """vLLM plugin: serve ``--kv-cache-dtype int8_per_token_head`` with kvquant next to a stock vLLM.
 
 vLLM calls ``register()`` in every process through the ``vllm.general_plugins`` entry point. It
-picks the hook module written for the installed vLLM version (``_hooks_v0_32``), checks that what
-it patches looks as expected, and installs hooks that act only when the engine's KV cache dtype is
-``int8_per_token_head``; with any other dtype the engine runs as if the plugin were absent. When
-kvquant cannot serve the INT8 request (unsupported vLLM, a vLLM whose internals differ, MLA or
-hybrid model, unsupported head size, another attention backend forced), engine start fails with a
-one-line ``VLLMPluginError``; the plugin never lets vLLM fall back to a 16-bit cache.
+picks the hook module written for the installed vLLM version (``_hooks_v0_32``, ``_hooks_v0_18``),
+checks that what it patches looks as expected, and installs hooks that act only when the engine's
+KV cache dtype is ``int8_per_token_head`` (on 0.18.1, which lacks that dtype, the hooks first add
+it); with any other dtype the engine runs as if the plugin were absent. When kvquant cannot serve
+the INT8 request (unsupported vLLM, a vLLM whose internals differ, MLA or hybrid model,
+unsupported head size, another attention backend forced), engine start fails with a one-line
+``VLLMPluginError``; the plugin never lets vLLM fall back to a 16-bit cache.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ._errors import (
 from ._serving import INT8_KV_CACHE_DTYPE
 
 # Released vLLM version -> the module holding every hook into that version's internals.
-HOOK_MODULES = {"0.32.0": "._hooks_v0_32"}
+HOOK_MODULES = {"0.32.0": "._hooks_v0_32", "0.18.1": "._hooks_v0_18"}
 SUPPORTED_VLLM_VERSIONS = tuple(HOOK_MODULES)
 
 __all__ = [

