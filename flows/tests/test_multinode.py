@@ -47,7 +47,11 @@ def _flow_runs(server: PrefectServer, **filters: object) -> list[dict[str, objec
 
 
 def test_two_runs_share_one_gpu_in_turn_and_write_adrs_on_cpu(
-    cluster: PrefectServer, small_fork: ForkFixture, adr_copy: Path, tmp_path: Path
+    cluster: PrefectServer,
+    small_fork: ForkFixture,
+    adr_copy: Path,
+    tmp_path: Path,
+    tiny_kernel_matrix: Path,
 ) -> None:
     # audit and the ADRs on the CPU pool; correctness (which needs no GPU here) on the GPU pool.
     results = tmp_path / "shared-results"  # the shared results location both pools can see
@@ -63,6 +67,9 @@ def test_two_runs_share_one_gpu_in_turn_and_write_adrs_on_cpu(
             "adr_dir": str(adr_copy),
             "results_root": str(results),
             "stages": ["audit", "kernels", "correctness"],
+            # One small kernel cell: what is under test is where stages run, not the build.
+            "kernel_matrix": str(tiny_kernel_matrix),
+            "kernel_targets": ["gfx90a"],
             "pools": {"correctness": "cuda"},
             "pickup_timeout_s": 120,
         }

@@ -67,6 +67,27 @@ def test_specs_cover_every_parameter() -> None:
     assert [spec.maxnreg for spec in specs] == [None] * 4
 
 
+def test_one_compiled_variant_serves_every_gqa_ratio_up_to_16() -> None:
+    """The group is a runtime argument: GQA 1, 4, 8 and 16 share every spec (one build cell)."""
+
+    def specs(gqa: int) -> list[tuple[str, dict[str, object], dict[str, str]]]:
+        return [
+            (spec.name, spec.constexprs, spec.signature)
+            for spec in aot_specs(
+                head_size=128,
+                block_size=16,
+                gqa=gqa,
+                model_dtype=torch.bfloat16,
+                cache_dtype=torch.int8,
+                target="hip",
+            )
+        ]
+
+    assert specs(1) == specs(4) == specs(8) == specs(16)
+    # Past 16 the query rows of one kv head no longer fit the decode tile: a wider variant.
+    assert specs(32) != specs(16)
+
+
 def test_bad_target_is_one_line_error() -> None:
     from kvquant import InvalidInputError
 

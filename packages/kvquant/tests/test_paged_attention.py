@@ -179,7 +179,8 @@ def test_decode_16_bit_output(device: torch.device, gen: torch.Generator) -> Non
         (64, 16, 1, torch.int8, torch.bfloat16),
         (128, 32, 4, torch.int8, torch.float16),
         (80, 64, 8, torch.int8, torch.bfloat16),
-        (96, 16, 4, torch.bfloat16, torch.bfloat16),
+        # 3 does not divide the 64 query rows of a program: one row stays idle.
+        (96, 16, 3, torch.bfloat16, torch.bfloat16),
     ],
 )
 def test_chunked_prefill_matches_reference(

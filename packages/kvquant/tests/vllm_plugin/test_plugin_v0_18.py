@@ -29,6 +29,7 @@ from kvquant.vllm_plugin import (
     VLLMPluginError,
     hook_module_for,
 )
+from kvquant.vllm_plugin._kernels import KERNELS_ENV, KERNELS_ON_CPU
 
 
 def _installed_vllm_version() -> str | None:
@@ -136,13 +137,13 @@ def smollm2_like(tmp_path_factory: pytest.TempPathFactory) -> str:
     return _model_folder(tmp_path_factory.mktemp("models") / "smollm2-like", SMOLLM2_LIKE)
 
 
-def _engine_config(model: str, kv_cache_dtype: str, **kwargs: Any) -> Any:
+def _engine_config(model: str, kv_cache_dtype: str, dtype: str = "float32", **kwargs: Any) -> Any:
     from vllm.engine.arg_utils import EngineArgs
 
     args = EngineArgs(
         model=model,
         kv_cache_dtype=kv_cache_dtype,
-        dtype="float32",
+        dtype=dtype,
         max_model_len=512,
         skip_tokenizer_init=True,
         **kwargs,
@@ -237,8 +238,10 @@ def _attention_layer(config: Any, name: str) -> Any:
     """vLLM's own Attention layer for one SmolLM2-like layer, built as a model would build it."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.utils.torch_utils import set_default_torch_dtype
 
-    with set_current_vllm_config(config):
+    # The model loader builds layers under the model's dtype, which the layer reads as its own.
+    with set_current_vllm_config(config), set_default_torch_dtype(config.model_config.dtype):
         return Attention(
             num_heads=HEADS,
             head_size=HEAD,
@@ -289,13 +292,28 @@ def test_backend_lookup_for_an_int8_layer_returns_kvquants_backend(
 
 
 @needs_vllm_0_18_1
+@pytest.mark.parametrize("numerics", ["reference", "triton"])
 def test_layer_writes_and_attends_like_kvquants_reference(
-    hooks: Any, smollm2_like: str, gen: torch.Generator
+    hooks: Any,
+    smollm2_like: str,
+    gen: torch.Generator,
+    numerics: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """vLLM's view of the layer's bytes, its batch metadata, and the plugin's impl on them."""
+    """vLLM's view of the layer's bytes, its batch metadata, and the plugin's impl on them.
+
+    "triton": kvquant's kernels serve, as on CUDA/ROCm (here in Triton's interpreter, which
+    ``tests/conftest.py`` selected), on bf16 activations as a GPU engine would pass them.
+    """
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
-    config = _engine_config(smollm2_like, INT8_KV_CACHE_DTYPE, block_size=BLOCK)
+    if numerics == "triton":
+        monkeypatch.setenv(KERNELS_ENV, KERNELS_ON_CPU)
+    dtype = torch.bfloat16 if numerics == "triton" else torch.float32
+
+    config = _engine_config(
+        smollm2_like, INT8_KV_CACHE_DTYPE, dtype=str(dtype).removeprefix("torch."), block_size=BLOCK
+    )
     layer = _attention_layer(config, "model.layers.1.self_attn.attn")
     backend = layer.attn_backend
     spec = layer.get_kv_cache_spec(config)
@@ -312,12 +330,12 @@ def test_layer_writes_and_attends_like_kvquants_reference(
     slots = [int(block_table[0, p // BLOCK]) * BLOCK + p % BLOCK for p in range(40)]
     slots.append(int(block_table[1, 0]) * BLOCK + 20)
     slot_mapping = torch.tensor(slots, dtype=torch.int64)
-    key = torch.randn(41, KV_HEADS, HEAD, generator=gen)
-    value = torch.randn(41, KV_HEADS, HEAD, generator=gen)
-    query = torch.randn(41, HEADS, HEAD, generator=gen)
+    key = torch.randn(41, KV_HEADS, HEAD, generator=gen).to(dtype)
+    value = torch.randn(41, KV_HEADS, HEAD, generator=gen).to(dtype)
+    query = torch.randn(41, HEADS, HEAD, generator=gen).to(dtype)
     # The decode sequence's earlier 20 tokens, written as an earlier step would have.
-    history_key = torch.randn(20, KV_HEADS, HEAD, generator=gen)
-    history_value = torch.randn(20, KV_HEADS, HEAD, generator=gen)
+    history_key = torch.randn(20, KV_HEADS, HEAD, generator=gen).to(dtype)
+    history_value = torch.randn(20, KV_HEADS, HEAD, generator=gen).to(dtype)
     history_slots = torch.arange(20, dtype=torch.int64) + int(block_table[1, 0]) * BLOCK
 
     layer.impl.do_kv_cache_update(layer, history_key, history_value, kv_cache, history_slots)
@@ -336,7 +354,8 @@ def test_layer_writes_and_attends_like_kvquants_reference(
         slot_mapping=slot_mapping,
     )
     metadata = builder.build(common_prefix_len=0, common_attn_metadata=common)
-    output = torch.empty(41, HEADS, HEAD)
+    assert (metadata.kernel_batch is not None) == (numerics == "triton")
+    output = torch.full((41, HEADS, HEAD), float("nan"), dtype=dtype)
     layer.impl.forward(layer, query, key, value, kv_cache, metadata, output=output)
 
     reference = allocate_cache(num_blocks, KV_HEADS, HEAD, BLOCK)
@@ -346,7 +365,23 @@ def test_layer_writes_and_attends_like_kvquants_reference(
     expected = paged_attention_ref(
         query, reference, block_table, seq_lens, query_start_loc, HEAD**-0.5
     )
-    torch.testing.assert_close(output, expected, rtol=0, atol=1e-5)
+    if numerics == "reference":
+        torch.testing.assert_close(output, expected, rtol=0, atol=1e-5)
+    else:  # kvquant's kernel tolerance for a bf16 output (tests/test_paged_attention.py)
+        error = (output.float() - expected.float()).norm() / expected.float().norm()
+        assert float(error) <= 1e-2, float(error)
+
+
+@needs_vllm_0_18_1
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+def test_gpu_selectors_in_the_installed_source_are_what_the_hook_patches(platform: str) -> None:
+    """The CUDA and ROCm selectors of 0.18.1, read as source: they do not import without a GPU."""
+    from kvquant.vllm_plugin._hooks_v0_18 import PLATFORM_HOOKS, _expect
+    from kvquant.vllm_plugin._platforms import check_selector_source
+
+    hook = PLATFORM_HOOKS[platform]
+    check_selector_source(hook, _expect)
+    assert hook.backend_path == "kvquant.vllm_plugin._backend_v0_18.KVQuantInt8GPUBackend"
 
 
 # vLLM 0.18.1's own CPU model runner sizes, allocates, splits and binds the layers' KV caches. It

@@ -20,9 +20,9 @@ pytestmark = pytest.mark.vllm
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 from kvquant.vllm_plugin import IncompatibleVLLMError  # noqa: E402
-from kvquant.vllm_plugin._hooks_v0_32 import (  # noqa: E402
-    PLATFORM_HOOKS,
-    _check_selector_source,
+from kvquant.vllm_plugin._hooks_v0_32 import PLATFORM_HOOKS, _expect  # noqa: E402
+from kvquant.vllm_plugin._platforms import (  # noqa: E402
+    check_selector_source,
     current_platform_hook,
 )
 
@@ -30,7 +30,7 @@ from kvquant.vllm_plugin._hooks_v0_32 import (  # noqa: E402
 @pytest.mark.parametrize("platform", ["cuda", "rocm"])
 def test_gpu_selectors_in_the_installed_source_are_what_the_hook_patches(platform: str) -> None:
     hook = PLATFORM_HOOKS[platform]
-    _check_selector_source(hook)
+    check_selector_source(hook, _expect)
     assert hook.backend_path.endswith("KVQuantInt8GPUBackend")
 
 
@@ -38,10 +38,10 @@ def test_a_selector_the_source_does_not_define_is_refused() -> None:
     # NvmlCudaPlatform inherits get_attn_backend_cls; patching it would miss NonNvmlCudaPlatform.
     wrong = replace(PLATFORM_HOOKS["cuda"], selector_class="NvmlCudaPlatform")
     with pytest.raises(IncompatibleVLLMError) as error:
-        _check_selector_source(wrong)
+        check_selector_source(wrong, _expect)
     message = str(error.value)
     assert "['CudaPlatformBase']" in message and "\n" not in message
 
 
 def test_this_machine_gets_the_cpu_hook() -> None:
-    assert current_platform_hook() == PLATFORM_HOOKS["cpu"]
+    assert current_platform_hook(PLATFORM_HOOKS) == PLATFORM_HOOKS["cpu"]

@@ -1,12 +1,12 @@
 """Paged attention over the INT8 (or 16-bit) cache: decode with split-KV, and varlen prefill.
 
 Two kernels share one tile loop (``_attend_tiles``). A program owns one kv head and a tile of
-query rows: all GROUP query heads that share the kv head (decode), times BLOCK_Q query tokens
+query rows: all query heads that share the kv head (decode), times a block of query tokens
 (prefill), so each K/V byte is loaded once per tile. It walks KV tiles of TILE_N tokens with an
 online softmax. A decode program covers one split of its sequence's tiles and writes an
 unnormalised partial result; ``_reduce_splits_kernel`` combines them (flash-decoding). Split
-count, softcap and sliding window are runtime arguments, so one compiled variant per model
-configuration serves every call (``aot_specs``).
+count, GQA ratio, softcap and sliding window are runtime arguments, so one compiled variant per
+head size, block size and dtypes serves every call and every GQA ratio up to 16 (``aot_specs``).
 
 INT8 specifics (why they are done this way):
 - Both dots run on int8 codes with int32 accumulation, exact: no code is converted to a float
@@ -289,6 +289,7 @@ def _decode_kernel(
     sliding_window,  # > 0 turns the sliding window on
     num_splits,
     tiles_per_split,
+    group,  # query heads per kv head
     # Strides
     stride_q_t: tl.int64,
     stride_q_h: tl.int64,
@@ -303,21 +304,20 @@ def _decode_kernel(
     HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
-    GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     TILE_N: tl.constexpr,
     QUANTIZED: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     V_PAGEWISE: tl.constexpr,
 ):
-    """One (sequence, kv head, split): all GROUP query heads of the kv head against its keys."""
+    """One (sequence, kv head, split): all ``group`` query heads of the kv head against its keys."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     rows = tl.arange(0, GROUP_PAD)  # query heads of this kv head, padded for tl.dot
-    row_head = kv_head * GROUP + rows
-    row_valid = rows < GROUP
+    row_head = kv_head * group + rows
+    row_valid = rows < group
     dims = tl.arange(0, HEAD_PAD)
     dim_valid = dims < HEAD_SIZE
     q_offsets = seq.to(tl.int64) * stride_q_t + row_head.to(tl.int64)[:, None] * stride_q_h
@@ -365,7 +365,7 @@ def _decode_kernel(
     )
 
     # ---- Epilogue: this split's partial result ----
-    stat_offsets = (seq.to(tl.int64) * tl.num_programs(1) * GROUP + row_head) * num_splits + split
+    stat_offsets = (seq.to(tl.int64) * tl.num_programs(1) * group + row_head) * num_splits + split
     tl.store(partial_max_ptr + stat_offsets, running_max, mask=row_valid)
     tl.store(partial_sum_ptr + stat_offsets, running_sum, mask=row_valid)
     tl.store(
@@ -394,6 +394,8 @@ def _prefill_kernel(
     softmax_scale,
     softcap,  # > 0 turns the logit softcap on
     sliding_window,  # > 0 turns the sliding window on
+    group,  # query heads per kv head
+    block_q,  # query tokens per program: ROWS // group
     # Strides
     stride_q_t: tl.int64,
     stride_q_h: tl.int64,
@@ -410,16 +412,13 @@ def _prefill_kernel(
     HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
-    GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
+    ROWS: tl.constexpr,
     TILE_N: tl.constexpr,
     QUANTIZED: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     V_PAGEWISE: tl.constexpr,
 ):
-    """One (query tile, kv head): BLOCK_Q query tokens x all GROUP query heads, causal."""
-    ROWS: tl.constexpr = BLOCK_Q * GROUP_PAD
+    """One (query tile, kv head): block_q query tokens x all ``group`` query heads, causal."""
     kv_head = tl.program_id(1)
     seq = tl.load(tile_seq_ptr + tl.program_id(0))
     q_first = tl.load(cu_seqlens_q_ptr + seq)
@@ -427,11 +426,13 @@ def _prefill_kernel(
     tile_start = tl.load(tile_start_ptr + tl.program_id(0))
     seq_len = tl.load(seq_lens_ptr + seq)
 
-    # ---- Query rows: row r is query token r // GROUP_PAD, query head r % GROUP_PAD ----
+    # ---- Query rows: row r is query token r // group, query head r % group ----
+    # The group is a runtime value, so one compiled kernel serves every GQA ratio; rows past
+    # block_q * group (a ratio that does not divide ROWS) stay idle.
     rows = tl.arange(0, ROWS)
-    row_token = tile_start + rows // GROUP_PAD  # within the sequence's new tokens
-    row_head = kv_head * GROUP + rows % GROUP_PAD
-    row_valid = (row_token < q_len) & (rows % GROUP_PAD < GROUP)
+    row_token = tile_start + rows // group  # within the sequence's new tokens
+    row_head = kv_head * group + rows % group
+    row_valid = (row_token < q_len) & (rows < block_q * group)
     row_pos = seq_len - q_len + row_token  # key position of the query token itself
     dims = tl.arange(0, HEAD_PAD)
     dim_valid = dims < HEAD_SIZE
@@ -440,7 +441,7 @@ def _prefill_kernel(
     q = tl.load(q_ptr + q_offsets, mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
     q, q_low, score_scale = _prepare_query(q, softmax_scale, softcap, QUANTIZED)
 
-    last_key = seq_len - q_len + tl.minimum(tile_start + BLOCK_Q, q_len) - 1
+    last_key = seq_len - q_len + tl.minimum(tile_start + block_q, q_len) - 1
     window_first = tl.maximum(seq_len - q_len + tile_start - sliding_window + 1, 0)
     first_key = tl.where(sliding_window > 0, window_first, 0)
     acc, _, running_sum = _attend_tiles(
@@ -691,6 +692,8 @@ def _attention_types(
         "sliding_window": "i32",
         "num_splits": "i32",
         "tiles_per_split": "i32",
+        "group": "i32",
+        "block_q": "i32",
     }
     return {
         name: known[name] if not name.startswith("stride_") else "i64"
@@ -714,20 +717,24 @@ def _prefill_stages(head_size: int, target: str) -> int:
     return _PREFILL_STAGES
 
 
-def _group_pad(gqa: int, block_q: int) -> int:
-    """Query heads per kv head, padded to a power of two, with block_q * it >= 16 for tl.dot."""
-    return max(next_power_of_2(gqa), int(triton.cdiv(16, block_q)))
+def _decode_rows(gqa: int) -> int:
+    """Decode query rows: the group padded to a power of two, at least 16 for tl.dot."""
+    return max(next_power_of_2(gqa), 16)
+
+
+def _prefill_rows(gqa: int) -> int:
+    """Prefill query rows per program: _PREFILL_ROWS, or the whole group when it is larger."""
+    return max(next_power_of_2(gqa), _PREFILL_ROWS)
 
 
 def _shared_constexprs(
-    head_size: int, block_size: int, gqa: int, cache_dtype: torch.dtype, target: str
+    head_size: int, block_size: int, cache_dtype: torch.dtype, target: str
 ) -> dict[str, int | float | bool]:
     quantized = cache_dtype == torch.int8
     return {
         "HEAD_SIZE": head_size,
         "HEAD_PAD": next_power_of_2(head_size),
         "BLOCK_SIZE": block_size,
-        "GROUP": gqa,
         "TILE_N": _TILE_N,
         "QUANTIZED": quantized,
         # Triton's interpreter multiplies bf16 tiles as raw integers; give it fp32 (exact here).
@@ -745,13 +752,13 @@ _RUNTIME_PARAMS = {
     "decode_attention": (
         "partial_acc_ptr partial_max_ptr partial_sum_ptr q_ptr k_ptr v_ptr k_scale_ptr "
         "v_scale_ptr block_table_ptr seq_lens_ptr softmax_scale softcap sliding_window "
-        "num_splits tiles_per_split stride_q_t stride_q_h stride_k_b stride_k_h stride_v_b "
+        "num_splits tiles_per_split group stride_q_t stride_q_h stride_k_b stride_k_h stride_v_b "
         "stride_v_h stride_s_b stride_s_h stride_bt"
     ),
     "prefill_attention": (
         "out_ptr q_ptr k_ptr v_ptr k_scale_ptr v_scale_ptr block_table_ptr seq_lens_ptr "
-        "cu_seqlens_q_ptr tile_seq_ptr tile_start_ptr softmax_scale softcap sliding_window "
-        "stride_q_t stride_q_h stride_o_t stride_o_h stride_k_b stride_k_h stride_v_b "
+        "cu_seqlens_q_ptr tile_seq_ptr tile_start_ptr softmax_scale softcap sliding_window group "
+        "block_q stride_q_t stride_q_h stride_o_t stride_o_h stride_k_b stride_k_h stride_v_b "
         "stride_v_h stride_s_b stride_s_h stride_bt"
     ),
     "reduce_splits": (
@@ -774,8 +781,8 @@ def decode_spec(
 
     Cached: launches call it every time. Tuning sweeps that change the module's constants call
     ``clear_spec_caches()``."""
-    constexprs = _shared_constexprs(head_size, block_size, gqa, cache_dtype, target)
-    constexprs["GROUP_PAD"] = _group_pad(gqa, 1)
+    constexprs = _shared_constexprs(head_size, block_size, cache_dtype, target)
+    constexprs["GROUP_PAD"] = _decode_rows(gqa)
     types = _attention_types(
         _RUNTIME_PARAMS["decode_attention"], model_dtype, cache_dtype, model_dtype
     )
@@ -803,10 +810,8 @@ def prefill_spec(
     out_dtype: torch.dtype | None = None,
 ) -> KernelSpec:
     """The prefill kernel the launcher compiles; out_dtype (fp32 for tests) defaults to model's."""
-    constexprs = _shared_constexprs(head_size, block_size, gqa, cache_dtype, target)
-    block_q = max(_PREFILL_ROWS // next_power_of_2(gqa), 1)
-    constexprs["GROUP_PAD"] = _group_pad(gqa, block_q)
-    constexprs["BLOCK_Q"] = block_q
+    constexprs = _shared_constexprs(head_size, block_size, cache_dtype, target)
+    constexprs["ROWS"] = _prefill_rows(gqa)
     constexprs["TILE_N"] = _PREFILL_TILE_N
     types = _attention_types(
         _RUNTIME_PARAMS["prefill_attention"], model_dtype, cache_dtype, out_dtype or model_dtype
@@ -957,6 +962,7 @@ def decode_attention(
     decode = decode_spec(**geometry)
     reduce = reduce_spec(head_size=cache.head_size, model_dtype=query.dtype, out_dtype=result.dtype)
     num_q_heads = query.shape[1]
+    group = num_q_heads // cache.num_kv_heads
     k_scale, v_scale = _scale_tensors(cache)
 
     def decode_launch(splits: int) -> tuple[tuple[int, int, int], list[Any]]:
@@ -986,6 +992,7 @@ def decode_attention(
             sliding_window or 0,
             splits,
             tiles_per_split,
+            group,
             query.stride(0),
             query.stride(1),
             cache.k.stride(0),
@@ -1072,8 +1079,9 @@ def prefill_attention(
         )
     check_runnable("query", query)
     result = out if out is not None else torch.empty_like(query)
-    spec = prefill_spec(**_geometry(query, cache), out_dtype=result.dtype)
-    block_q = int(spec.constexprs["BLOCK_Q"])
+    geometry = _geometry(query, cache)
+    spec = prefill_spec(**geometry, out_dtype=result.dtype)
+    block_q = int(spec.constexprs["ROWS"]) // geometry["gqa"]
     tile_seq: list[int] = []
     tile_start: list[int] = []
     for i, q_len in enumerate(q_lens):
@@ -1100,6 +1108,8 @@ def prefill_attention(
         softmax_scale,
         softcap or 0.0,
         sliding_window or 0,
+        geometry["gqa"],
+        block_q,
         query.stride(0),
         query.stride(1),
         result.stride(0),

@@ -1,16 +1,16 @@
-"""kvquant's INT8 attention backend for vLLM 0.18.1 on the CPU, against that release's backend API.
+"""kvquant's INT8 attention backends for vLLM 0.18.1, against that release's backend API.
 
 0.18.1 differs from 0.32 where the page is concerned: it has no ``customize_spec`` or KV cache
 layouts; the backend names the per-layer tensor's shape itself (``get_kv_cache_shape``) and vLLM
 views each layer's bytes with it. The shape given here, ``[blocks, kv heads, block size, bytes]``
 of int8, is one dense kvquant page per block, which ``_serving.cache_view`` reads without a copy.
-The page's byte count comes from the spec hook in ``_hooks_v0_18``. ``_hooks_v0_18.check()`` has
-verified every vLLM name used here.
+The page's byte count comes from the spec hook in ``_hooks_v0_18``. The cache write and the
+attention over the page are ``_impl``'s, shared with 0.32. ``_hooks_v0_18.check()`` has verified
+every vLLM name used here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -18,35 +18,27 @@ from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionImpl,
     AttentionMetadataBuilder,
-    AttentionType,
     CommonAttentionMetadata,
 )
 
 from .._cache import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES, page_bytes
 from ._errors import UnsupportedConfigError
+from ._impl import Int8Layer, Int8Metadata, build_metadata
+from ._kernels import Numerics, numerics_for
 from ._serving import (
     INT8_KV_CACHE_DTYPE,
-    attend,
-    cache_view,
     check_attention_layer,
     check_block_size,
     int8_content_bytes,
-    write,
 )
 
 
-@dataclass
-class KVQuantInt8Metadata:
-    """One batch, as the reference attention reads it; all tensors on the CPU."""
-
-    num_actual_tokens: int
-    query_start_loc: torch.Tensor  # [num_reqs + 1]
-    seq_lens: torch.Tensor  # [num_reqs]
-    block_table: torch.Tensor  # [num_reqs, max_blocks]
-
-
 # The ignores: where the type check runs vLLM is absent, so its base classes are Any.
-class KVQuantInt8MetadataBuilder(AttentionMetadataBuilder[KVQuantInt8Metadata]):  # type: ignore[misc,unused-ignore]
+class KVQuantInt8MetadataBuilder(AttentionMetadataBuilder[Int8Metadata]):  # type: ignore[misc,unused-ignore]
+    # vLLM's model runner then puts one-token requests first, so the kernel path attends them in
+    # one decode launch.
+    reorder_batch_threshold: int | None = 1
+
     def __init__(
         self,
         kv_cache_spec: Any,
@@ -68,117 +60,23 @@ class KVQuantInt8MetadataBuilder(AttentionMetadataBuilder[KVQuantInt8Metadata]):
                 f"{INT8_KV_CACHE_DTYPE} pages ({kv_cache_spec.page_size_padded} bytes, expected "
                 f"{expected}); this attention layer type is not served"
             )
+        self.numerics: Numerics = numerics_for(torch.device(device))
 
     def build(
         self,
         common_prefix_len: int,
         common_attn_metadata: CommonAttentionMetadata,
         fast_build: bool = False,
-    ) -> KVQuantInt8Metadata:
-        meta = common_attn_metadata
-        if meta.causal is not True:
-            raise UnsupportedConfigError(
-                f"only causal attention is served with {INT8_KV_CACHE_DTYPE}; "
-                "this batch asks for non-causal attention"
-            )
-        num_reqs = meta.num_reqs
-        return KVQuantInt8Metadata(
-            num_actual_tokens=meta.num_actual_tokens,
-            query_start_loc=meta.query_start_loc_cpu[: num_reqs + 1],
-            seq_lens=meta.seq_lens[:num_reqs],
-            block_table=meta.block_table_tensor[:num_reqs],
-        )
+    ) -> Int8Metadata:
+        return build_metadata(common_attn_metadata, self.numerics)
 
 
-class KVQuantInt8CPUImpl(AttentionImpl[KVQuantInt8Metadata]):  # type: ignore[misc,unused-ignore]
-    def __init__(
-        self,
-        num_heads: int,
-        head_size: int,
-        scale: float,
-        num_kv_heads: int | None = None,
-        alibi_slopes: list[float] | None = None,
-        sliding_window: int | None = None,
-        kv_cache_dtype: str = INT8_KV_CACHE_DTYPE,
-        logits_soft_cap: float | None = None,
-        attn_type: str = AttentionType.DECODER,
-        kv_sharing_target_layer_name: str | None = None,
-        sinks: torch.Tensor | None = None,
-        **unsupported: Any,
-    ) -> None:
-        if unsupported:
-            raise UnsupportedConfigError(
-                f"this model's attention needs {sorted(unsupported)}, which kvquant's "
-                f"{INT8_KV_CACHE_DTYPE} backend does not implement"
-            )
-        if kv_cache_dtype != INT8_KV_CACHE_DTYPE:
-            raise UnsupportedConfigError(
-                f"kvquant's backend was selected for kv_cache_dtype {kv_cache_dtype!r}; "
-                f"it serves only {INT8_KV_CACHE_DTYPE}"
-            )
-        check_attention_layer(
-            head_size=head_size,
-            has_sink=sinks is not None,
-            has_alibi=alibi_slopes is not None,
-            is_decoder=attn_type == AttentionType.DECODER,
-        )
-        self.num_heads = num_heads
-        self.head_size = head_size
-        self.scale = float(scale)
-        self.num_kv_heads = num_kv_heads or num_heads
-        self.sliding_window = sliding_window
-        # vLLM passes 0 or None for "no softcap"; the reference takes None.
-        self.logits_soft_cap = logits_soft_cap or None
-        self.kv_cache_dtype = kv_cache_dtype
-        self.attn_type = attn_type
-        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
-
-    def do_kv_cache_update(
-        self,
-        layer: torch.nn.Module,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
-        write(cache_view(kv_cache, self.head_size), key, value, slot_mapping)
-
-    def forward(
-        self,
-        layer: Any,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        attn_metadata: KVQuantInt8Metadata,
-        output: torch.Tensor | None = None,
-        output_scale: torch.Tensor | None = None,
-        output_block_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if output_scale is not None or output_block_scale is not None:
-            raise UnsupportedConfigError(
-                f"fused output quantization is not served with {INT8_KV_CACHE_DTYPE}"
-            )
-        # accept_output_buffer is set, so vLLM 0.18.1 always passes the output tensor.
-        assert output is not None
-        if attn_metadata is None:  # vLLM's warm-up and profiling runs carry no batch
-            return output
-        attend(
-            query,
-            cache_view(kv_cache, self.head_size),
-            attn_metadata.block_table,
-            attn_metadata.seq_lens,
-            attn_metadata.query_start_loc,
-            self.scale,
-            output,
-            sliding_window=self.sliding_window,
-            softcap=self.logits_soft_cap,
-        )
-        return output
+class KVQuantInt8Impl(Int8Layer, AttentionImpl[Int8Metadata]):  # type: ignore[misc,unused-ignore]
+    """``_impl.Int8Layer`` as this version's ``AttentionImpl``."""
 
 
-class KVQuantInt8CPUBackend(AttentionBackend):  # type: ignore[misc,unused-ignore]
-    """Registered as ``AttentionBackendEnum.CUSTOM`` by ``_hooks_v0_18`` for INT8 layers only."""
+class KVQuantInt8Backend(AttentionBackend):  # type: ignore[misc,unused-ignore]
+    """What both platform backends share: kvquant's pages, builder and impl."""
 
     # vLLM 0.18.1 calls do_kv_cache_update only for backends that take the output buffer.
     accept_output_buffer: bool = True
@@ -191,8 +89,8 @@ class KVQuantInt8CPUBackend(AttentionBackend):  # type: ignore[misc,unused-ignor
         return "CUSTOM"
 
     @staticmethod
-    def get_impl_cls() -> type[KVQuantInt8CPUImpl]:
-        return KVQuantInt8CPUImpl
+    def get_impl_cls() -> type[KVQuantInt8Impl]:
+        return KVQuantInt8Impl
 
     @staticmethod
     def get_builder_cls() -> type[KVQuantInt8MetadataBuilder]:
@@ -222,3 +120,20 @@ class KVQuantInt8CPUBackend(AttentionBackend):  # type: ignore[misc,unused-ignor
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
         return list(SUPPORTED_HEAD_SIZES)
+
+
+class KVQuantInt8CPUBackend(KVQuantInt8Backend):
+    """Registered as ``AttentionBackendEnum.CUSTOM`` by ``_hooks_v0_18`` for INT8 layers on the CPU.
+
+    The fp32 torch reference serves, so fp32 models are served too; with
+    ``KVQUANT_VLLM_KERNELS=triton`` kvquant's kernels serve, in Triton's interpreter.
+    """
+
+
+class KVQuantInt8GPUBackend(KVQuantInt8Backend):
+    """Registered as ``AttentionBackendEnum.CUSTOM`` by ``_hooks_v0_18`` for INT8 layers on GPUs.
+
+    kvquant's Triton kernels serve, and they take fp16/bf16 activations only.
+    """
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]

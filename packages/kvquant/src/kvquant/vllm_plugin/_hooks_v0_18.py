@@ -9,9 +9,12 @@ vLLM 0.18.1 (the base of the team's fork) has no INT8 KV cache dtype at all, so 
 - the page: ``Attention.get_kv_cache_spec`` gives an INT8 layer's spec ``page_size_padded =
   kvquant.page_bytes(...)``, the int8 codes plus two fp32 scales per (token, kv head); 0.18.1
   would otherwise size the page as codes only;
-- the backend: ``CpuPlatform.get_attn_backend_cls`` registers kvquant's backend as
-  ``AttentionBackendEnum.CUSTOM`` for INT8 layers and returns it; other dtypes are untouched;
-- the front-process refusals (``_guard``).
+- the backend: the current platform's ``get_attn_backend_cls`` (``CpuPlatform``,
+  ``CudaPlatformBase`` or ``RocmPlatform``; ``_platforms``, shared with 0.32) returns kvquant's
+  backend for INT8 layers; other dtypes are untouched. On the CPU kvquant's fp32 torch reference
+  serves (its Triton kernels in Triton's interpreter with ``KVQUANT_VLLM_KERNELS=triton``), on
+  CUDA and ROCm its Triton kernels;
+- the front-process refusals (``_guard``); any other platform (XPU, TPU...) is refused there.
 
 ``check()`` verifies, at plugin load, every name, field and signature those hooks and
 ``_backend_v0_18`` rely on, and raises ``IncompatibleVLLMError`` naming the first that differs.
@@ -21,25 +24,26 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import logging
 import typing
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from .._cache import page_bytes
-from ._errors import IncompatibleVLLMError, UnsupportedConfigError
+from ._errors import IncompatibleVLLMError
 from ._guard import install_config_guard
-from ._serving import INT8_KV_CACHE_DTYPE, check_attention_layer, check_model, wants_int8
+from ._platforms import (
+    SELECTOR_FIELDS,
+    check_engine_config,
+    check_selectors,
+    install_selector,
+    platform_hooks,
+)
+from ._serving import INT8_KV_CACHE_DTYPE, check_attention_layer, wants_int8
 
 VLLM_VERSION = "0.18.1"
-BACKEND_PATH = "kvquant.vllm_plugin._backend_v0_18.KVQuantInt8CPUBackend"
-# A child of vLLM's logger, so the line has vLLM's format and goes where vLLM's lines go.
-logger = logging.getLogger("vllm.kvquant")
-
+PLATFORM_HOOKS = platform_hooks("kvquant.vllm_plugin._backend_v0_18")
 _ORIGINAL_MARK = "_kvquant_original"
-_SELECTOR_FIELDS = ("head_size", "kv_cache_dtype", "use_mla", "use_sparse", "has_sink", "attn_type")
 _SPEC_FIELDS = ("block_size", "num_kv_heads", "head_size", "dtype", "page_size_padded")
 # Attention.__init__ passes these to the impl positionally, in this order.
 _IMPL_PARAMETERS = [
@@ -55,7 +59,9 @@ _IMPL_PARAMETERS = [
     "kv_sharing_target_layer_name",
 ]
 _COMMON_METADATA_FIELDS = (
+    "query_start_loc",
     "query_start_loc_cpu",
+    "max_seq_len",
     "seq_lens",
     "num_reqs",
     "num_actual_tokens",
@@ -95,8 +101,6 @@ def _parameters(function: Any) -> list[str]:
 def _original(owner: type, name: str) -> Any:
     """The function behind ``owner.name`` before this module wrapped it."""
     function = inspect.getattr_static(owner, name)
-    if isinstance(function, classmethod):
-        function = function.__func__
     return getattr(function, _ORIGINAL_MARK, function)
 
 
@@ -107,7 +111,6 @@ def check() -> None:
         from vllm.config import cache as cache_module
         from vllm.config import get_current_vllm_config
         from vllm.model_executor.layers.attention.attention import Attention
-        from vllm.platforms.cpu import CpuPlatform
         from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
         from vllm.v1.attention import backend as backend_api
         from vllm.v1.attention import selector as selector_module
@@ -173,19 +176,10 @@ def check() -> None:
         "register_backend does not take (backend, class_path)",
     )
     _expect(
-        set(_SELECTOR_FIELDS) <= set(selector_module.AttentionSelectorConfig._fields),
-        f"AttentionSelectorConfig lacks one of {_SELECTOR_FIELDS}",
+        set(SELECTOR_FIELDS) <= set(selector_module.AttentionSelectorConfig._fields),
+        f"AttentionSelectorConfig lacks one of {SELECTOR_FIELDS}",
     )
-    _expect(
-        isinstance(inspect.getattr_static(CpuPlatform, "get_attn_backend_cls", None), classmethod),
-        "CpuPlatform.get_attn_backend_cls is not a classmethod",
-    )
-    _expect(
-        _parameters(_original(CpuPlatform, "get_attn_backend_cls"))[1:]
-        == ["selected_backend", "attn_selector_config", "num_heads"],
-        "CpuPlatform.get_attn_backend_cls does not take "
-        "(selected_backend, attn_selector_config, num_heads)",
-    )
+    check_selectors(PLATFORM_HOOKS, _expect)
 
     for name in ("AttentionBackend", "AttentionImpl", "AttentionMetadataBuilder"):
         _expect(hasattr(backend_api, name), f"vllm.v1.attention.backend has no {name}")
@@ -209,6 +203,10 @@ def check() -> None:
         "AttentionImpl.forward has another signature",
     )
     _expect(
+        hasattr(backend_api.AttentionMetadataBuilder, "reorder_batch_threshold"),
+        "AttentionMetadataBuilder has no reorder_batch_threshold",
+    )
+    _expect(
         _parameters(backend_api.AttentionMetadataBuilder.build)[1:]
         == ["common_prefix_len", "common_attn_metadata", "fast_build"],
         "AttentionMetadataBuilder.build has another signature",
@@ -221,79 +219,10 @@ def check() -> None:
     )
 
 
-def activation_line() -> str:
-    """The one line logged when kvquant starts serving the INT8 cache in a process."""
-    import kvquant
-
-    return (
-        f"kvquant: INT8 KV cache ({INT8_KV_CACHE_DTYPE}) served by kvquant "
-        f"{Path(kvquant.__file__).parent} on vLLM {VLLM_VERSION} "
-        "(CPU, kvquant's fp32 torch reference numerics)"
-    )
-
-
-def _refuse_selected_backend(selected_backend: Any) -> None:
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-    if selected_backend is not None and selected_backend != AttentionBackendEnum.CUSTOM:
-        raise UnsupportedConfigError(
-            f"the attention backend {selected_backend.name} cannot serve {INT8_KV_CACHE_DTYPE} "
-            "on the CPU; leave --attention-backend unset so kvquant's backend serves it"
-        )
-
-
 def decide(vllm_config: Any) -> None:
     """Front-process refusals, once the engine's config is settled (see ``_guard``)."""
-    if not wants_int8(vllm_config.cache_config.cache_dtype):
-        return
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        raise UnsupportedConfigError(
-            f"on vLLM {VLLM_VERSION} the plugin serves {INT8_KV_CACHE_DTYPE} on the CPU "
-            f"platform only, and this engine runs on {current_platform.device_name}"
-        )
-    _refuse_selected_backend(vllm_config.attention_config.backend)
-    model_config = vllm_config.model_config
-    if model_config is not None:
-        check_model(is_hybrid=model_config.is_hybrid, use_mla=model_config.use_mla)
-        check_attention_layer(head_size=model_config.get_head_size())
-    block_size = vllm_config.cache_config.block_size
-    if block_size % 16 != 0:
-        raise UnsupportedConfigError(
-            f"block size {block_size} is not a multiple of 16; kvquant's INT8 pages hold "
-            "16, 32 or 64 tokens"
-        )
-
-
-def _select_backend(
-    cls: type, selected_backend: Any, attn_selector_config: Any, num_heads: int | None = None
-) -> str:
-    """``CpuPlatform.get_attn_backend_cls`` with INT8 layers routed to kvquant's backend."""
-    original = getattr(_select_backend, _ORIGINAL_MARK)
-    if not wants_int8(attn_selector_config.kv_cache_dtype):
-        return str(original(cls, selected_backend, attn_selector_config, num_heads))
-    from vllm.config import get_current_vllm_config
-    from vllm.v1.attention.backend import AttentionType
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
-
-    _refuse_selected_backend(selected_backend)
-    model_config = get_current_vllm_config().model_config
-    if model_config is not None:
-        check_model(is_hybrid=model_config.is_hybrid, use_mla=model_config.use_mla)
-    check_attention_layer(
-        head_size=attn_selector_config.head_size,
-        use_mla=attn_selector_config.use_mla,
-        use_sparse=attn_selector_config.use_sparse,
-        has_sink=attn_selector_config.has_sink,
-        is_decoder=attn_selector_config.attn_type == AttentionType.DECODER,
-    )
-    global _activated
-    if not _activated:
-        register_backend(AttentionBackendEnum.CUSTOM, BACKEND_PATH)
-        logger.info(activation_line())
-        _activated = True
-    return str(AttentionBackendEnum.CUSTOM.get_path())
+    forced = [vllm_config.attention_config.backend]
+    check_engine_config(vllm_config, PLATFORM_HOOKS, VLLM_VERSION, forced)
 
 
 def _int8_kv_cache_spec(self: Any, vllm_config: Any) -> Any:
@@ -330,18 +259,17 @@ def _add_int8_cache_dtype() -> None:
     _extended_cache_dtype = extended
 
 
-def _wrap(owner: type, name: str, wrapper: Any, *, as_classmethod: bool = False) -> None:
+def _wrap(owner: type, name: str, wrapper: Any) -> None:
     """Replace ``owner.name`` by ``wrapper``, which calls the original; never stacks wrappers."""
     setattr(wrapper, _ORIGINAL_MARK, _original(owner, name))
-    setattr(owner, name, classmethod(wrapper) if as_classmethod else wrapper)
+    setattr(owner, name, wrapper)
 
 
 def install() -> None:
     """Apply every hook. Call ``check()`` first; installing twice patches once."""
     from vllm.model_executor.layers.attention.attention import Attention
-    from vllm.platforms.cpu import CpuPlatform
 
     _add_int8_cache_dtype()
     _wrap(Attention, "get_kv_cache_spec", _int8_kv_cache_spec)
-    _wrap(CpuPlatform, "get_attn_backend_cls", _select_backend, as_classmethod=True)
+    install_selector(PLATFORM_HOOKS, VLLM_VERSION)
     install_config_guard(decide)

@@ -1,0 +1,187 @@
+"""The attention layer and batch metadata every supported vLLM serves INT8 with; no vLLM import.
+
+vLLM 0.18.1 and 0.32.0 differ in how a backend declares its page (``_backend_v0_18``,
+``_backend_v0_32``), not in what a layer does with it: the same constructor checks, the same
+cache write and attention over kvquant's pages, the same per-step batch metadata. That part lives
+here once; each version's backend module mixes it into that version's base classes.
+
+Which numerics serve follows from where the layer's tensors live (``_kernels.numerics_for``):
+kvquant's Triton kernels on CUDA/ROCm, its fp32 torch reference on the CPU unless
+``KVQUANT_VLLM_KERNELS=triton``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ._errors import UnsupportedConfigError
+from ._kernels import (
+    KernelBatch,
+    Numerics,
+    attend_with_kernels,
+    numerics_for,
+    plan_kernel_batch,
+    write_with_kernels,
+)
+from ._serving import INT8_KV_CACHE_DTYPE, attend, cache_view, check_attention_layer, write
+
+
+@dataclass
+class Int8Metadata:
+    """One batch: as the reference reads it, and split for the kernels when they serve."""
+
+    num_actual_tokens: int
+    query_start_loc: torch.Tensor  # [num_reqs + 1], on the host
+    seq_lens: torch.Tensor  # [num_reqs]
+    block_table: torch.Tensor  # [num_reqs, max_blocks]
+    kernel_batch: KernelBatch | None  # None: the fp32 torch reference serves this batch
+
+
+def build_metadata(common: Any, numerics: Numerics) -> Int8Metadata:
+    """The batch of vLLM's ``CommonAttentionMetadata`` (the fields both versions share)."""
+    if common.causal is not True:
+        raise UnsupportedConfigError(
+            f"only causal attention is served with {INT8_KV_CACHE_DTYPE}; "
+            "this batch asks for non-causal attention"
+        )
+    num_reqs = common.num_reqs
+    seq_lens = common.seq_lens[:num_reqs]
+    block_table = common.block_table_tensor[:num_reqs]
+    kernel_batch = None
+    if numerics == "triton":
+        kernel_batch = plan_kernel_batch(
+            common.query_start_loc_cpu[: num_reqs + 1],
+            common.query_start_loc[: num_reqs + 1],
+            seq_lens,
+            block_table,
+            common.max_seq_len,
+        )
+    return Int8Metadata(
+        num_actual_tokens=common.num_actual_tokens,
+        query_start_loc=common.query_start_loc_cpu[: num_reqs + 1],
+        seq_lens=seq_lens,
+        block_table=block_table,
+        kernel_batch=kernel_batch,
+    )
+
+
+# AttentionType.DECODER's value in every supported vLLM (AttentionType is a str enum).
+DECODER = "decoder"
+
+
+class Int8Layer:
+    """An INT8 attention impl, mixed into each vLLM version's ``AttentionImpl``.
+
+    The constructor and ``forward`` take vLLM's parameters in vLLM's order (it passes them by
+    position; each version's ``check()`` verifies the order), so the versions' impls add nothing
+    but their base class.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = INT8_KV_CACHE_DTYPE,
+        logits_soft_cap: float | None = None,
+        attn_type: str = DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
+        **unsupported: Any,
+    ) -> None:
+        if unsupported:
+            raise UnsupportedConfigError(
+                f"this model's attention needs {sorted(unsupported)}, which kvquant's "
+                f"{INT8_KV_CACHE_DTYPE} backend does not implement"
+            )
+        if kv_cache_dtype != INT8_KV_CACHE_DTYPE:
+            raise UnsupportedConfigError(
+                f"kvquant's backend was selected for kv_cache_dtype {kv_cache_dtype!r}; "
+                f"it serves only {INT8_KV_CACHE_DTYPE}"
+            )
+        check_attention_layer(
+            head_size=head_size,
+            has_sink=sinks is not None,
+            has_alibi=alibi_slopes is not None,
+            is_decoder=attn_type == DECODER,
+        )
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.sliding_window = sliding_window
+        # vLLM passes 0 or None for "no softcap"; the reference takes None.
+        self.logits_soft_cap = logits_soft_cap or None
+        self.kv_cache_dtype = kv_cache_dtype
+        self.attn_type = attn_type
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        # Decided on the first write, from the cache's device (the builder decides the same way).
+        self.write_numerics: Numerics | None = None
+
+    def do_kv_cache_update(
+        self,
+        layer: torch.nn.Module,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        if self.write_numerics is None:
+            self.write_numerics = numerics_for(kv_cache.device)
+        cache = cache_view(kv_cache, self.head_size)
+        if self.write_numerics == "triton":
+            write_with_kernels(cache, key, value, slot_mapping)
+        else:
+            write(cache, key, value, slot_mapping)
+
+    def forward(
+        self,
+        layer: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: Int8Metadata | None,
+        output: torch.Tensor | None = None,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if output_scale is not None or output_block_scale is not None:
+            raise UnsupportedConfigError(
+                f"fused output quantization is not served with {INT8_KV_CACHE_DTYPE}"
+            )
+        # Every supported vLLM passes the output buffer: 0.32 always, 0.18.1 to backends with
+        # accept_output_buffer, which kvquant's set.
+        assert output is not None
+        if attn_metadata is None:  # vLLM's warm-up and profiling runs carry no batch
+            return output
+        cache = cache_view(kv_cache, self.head_size)
+        if attn_metadata.kernel_batch is not None:
+            attend_with_kernels(
+                query,
+                cache,
+                attn_metadata.kernel_batch,
+                self.scale,
+                output,
+                sliding_window=self.sliding_window,
+                softcap=self.logits_soft_cap,
+            )
+            return output
+        attend(
+            query,
+            cache,
+            attn_metadata.block_table,
+            attn_metadata.seq_lens,
+            attn_metadata.query_start_loc,
+            self.scale,
+            output,
+            sliding_window=self.sliding_window,
+            softcap=self.logits_soft_cap,
+        )
+        return output
