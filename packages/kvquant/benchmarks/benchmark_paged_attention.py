@@ -1,6 +1,7 @@
 """Decode attention on the H200: INT8 cache vs our 16-bit cache vs PyTorch SDPA on a dense cache.
 
-Run on a CUDA device:  python benchmarks/benchmark_paged_attention.py [--sweep | --prefill]
+Run on a CUDA device:
+  python benchmarks/benchmark_paged_attention.py [--sweep | --splits | --prefill]
 
 Shapes are the issue's: bf16 model, 32 query heads, 8 kv heads, head size 128, block size 16,
 batch 1/16/64 x context 1k/8k/32k. Every sequence has the full context. Times are medians of
@@ -15,6 +16,7 @@ also eagerly ("eager ms": the Python launch path included, which bounds the smal
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 from collections.abc import Callable
 
@@ -82,7 +84,7 @@ class DecodeSetup:
         self.out = torch.empty_like(self.query)
         self.context = context
 
-    def run(self) -> None:
+    def run(self, num_splits: int | None = None) -> None:
         decode_attention(
             self.query,
             self.cache,
@@ -92,6 +94,7 @@ class DecodeSetup:
             out=self.out,
             max_seq_len=self.context,
             validate=False,
+            num_splits=num_splits,
         )
 
 
@@ -163,6 +166,27 @@ def sweep() -> None:
             + f" {gbs:>11.0f}",
             flush=True,
         )
+
+
+# Shapes of the split-count sweep: the rows of the table under the 3.8 TB/s target.
+SPLIT_SHAPES = ((16, 8192), (64, 8192), (16, 32768))
+SPLIT_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def split_sweep() -> None:
+    """INT8 decode with each forced split count against the launcher's choice (graph-timed)."""
+    print("batch context  " + " ".join(f"{s or 'auto':>12}" for s in (None, *SPLIT_COUNTS)))
+    print("               (each: us / GB/s)")
+    for batch, context in SPLIT_SHAPES:
+        setup = DecodeSetup(batch, context, torch.int8)
+        cells = []
+        for splits in (None, *SPLIT_COUNTS):
+            ms = graph_ms(functools.partial(setup.run, splits))
+            cells.append(
+                f"{ms * 1e3:>6.1f}/{kv_bytes(batch, context, torch.int8) / ms / 1e6:<5.0f}"
+            )
+        print(f"{batch:>5} {context:>7}  " + " ".join(cells), flush=True)
+        del setup
 
 
 # Chunked prefill: each sequence has PREFIX cached tokens and CHUNK new ones (in the cache too).
@@ -238,6 +262,7 @@ def profile_target(batch: int, context: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sweep", action="store_true", help="sweep launch settings instead")
+    parser.add_argument("--splits", action="store_true", help="time forced split-KV counts instead")
     parser.add_argument(
         "--prefill", action="store_true", help="sweep chunked-prefill launch settings instead"
     )
@@ -254,6 +279,8 @@ def main() -> None:
         profile_target(*args.profile)
     elif args.sweep:
         sweep()
+    elif args.splits:
+        split_sweep()
     elif args.prefill:
         prefill_sweep()
     else:

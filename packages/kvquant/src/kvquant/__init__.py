@@ -1,8 +1,9 @@
 """INT8 per-(token, kv-head) paged KV cache: Triton kernels, torch references and checks.
 
-Triton decides at import whether kernels run compiled or in its CPU interpreter
-(``TRITON_INTERPRET=1``). So the kernel modules are imported on first use of a name that needs
-them, which lets the ``kvquant`` CLI choose the interpreter for ``--device cpu`` first.
+Every name but the errors is imported on first use. Triton decides at import whether kernels run
+compiled or in its CPU interpreter (``TRITON_INTERPRET=1``), so the ``kvquant`` CLI can choose the
+interpreter for ``--device cpu`` first; and ``kvquant build`` on a warm cache never imports torch
+or Triton (2.6 s and 0.4 s here), which keeps a warm rebuild under its 2 s.
 """
 
 from __future__ import annotations
@@ -10,21 +11,26 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._cache import (
-    PagedKVCache,
-    allocate_cache,
-    from_upstream_layout,
-    page_bytes,
-    to_upstream_layout,
-)
 from ._errors import InvalidInputError, KernelUnavailableError, KVQuantError
 
 if TYPE_CHECKING:
+    from ._cache import (
+        PagedKVCache,
+        allocate_cache,
+        from_upstream_layout,
+        page_bytes,
+        to_upstream_layout,
+    )
     from ._check import run_correctness
     from .ops.cache_write import cache_write
     from .ops.paged_attention import decode_attention, prefill_attention
 
-_KERNEL_EXPORTS = {
+_LAZY_EXPORTS = {
+    "PagedKVCache": "._cache",
+    "allocate_cache": "._cache",
+    "from_upstream_layout": "._cache",
+    "page_bytes": "._cache",
+    "to_upstream_layout": "._cache",
     "cache_write": ".ops.cache_write",
     "decode_attention": ".ops.paged_attention",
     "prefill_attention": ".ops.paged_attention",
@@ -48,6 +54,6 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in _KERNEL_EXPORTS:
-        return getattr(importlib.import_module(_KERNEL_EXPORTS[name], __name__), name)
+    if name in _LAZY_EXPORTS:
+        return getattr(importlib.import_module(_LAZY_EXPORTS[name], __name__), name)
     raise AttributeError(f"module 'kvquant' has no attribute {name!r}")

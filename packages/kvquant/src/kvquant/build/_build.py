@@ -275,12 +275,6 @@ def build(
         triton_version = importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
         raise BuildError("Triton is not installed") from None
-    if (
-        "hip" in {t.backend for t in resolved}
-        and importlib.util.find_spec("triton.backends.amd") is None
-    ):
-        raise BuildError(f"Triton {triton_version} has no AMD backend (triton.backends.amd)")
-
     sources = _sources_digest(parsed.specs.split(":")[0])
     names = [t.name for t in resolved]
     plan_key = _digest(
@@ -303,12 +297,19 @@ def build(
         (cell for cell in cells if cell["cache_key"] not in results),
         key=lambda c: not any(word in c["kernel"] for word in _SLOW_FIRST),
     )
+    by_name = {t.name: t for t in resolved}
+    # Checked only when something compiles: finding the backend imports Triton, which a warm
+    # rebuild (every cell cached) otherwise never does.
+    if (
+        any(by_name[cell["target"]].backend == "hip" for cell in missing)
+        and importlib.util.find_spec("triton.backends.amd") is None
+    ):
+        raise BuildError(f"Triton {triton_version} has no AMD backend (triton.backends.amd)")
     compiled = _compile_missing([c["task"] for c in missing], jobs or os.cpu_count() or 1)
     results |= {c["cache_key"]: r for c, r in zip(missing, compiled, strict=True)}
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    by_name = {t.name: t for t in resolved}
     entries = [_entry(cell, by_name[cell["target"]], out, results) for cell in cells]
     manifest = {
         "format": BUILD_FORMAT,
