@@ -18,13 +18,11 @@ from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionImpl,
     AttentionMetadataBuilder,
-    CommonAttentionMetadata,
 )
 
 from .._cache import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES, page_bytes
 from ._errors import UnsupportedConfigError
-from ._impl import Int8Layer, Int8Metadata, build_metadata
-from ._kernels import Numerics, numerics_for
+from ._impl import Int8Builder, Int8Layer, Int8Metadata
 from ._serving import (
     INT8_KV_CACHE_DTYPE,
     check_attention_layer,
@@ -34,11 +32,7 @@ from ._serving import (
 
 
 # The ignores: where the type check runs vLLM is absent, so its base classes are Any.
-class KVQuantInt8MetadataBuilder(AttentionMetadataBuilder[Int8Metadata]):  # type: ignore[misc,unused-ignore]
-    # vLLM's model runner then puts one-token requests first, so the kernel path attends them in
-    # one decode launch.
-    reorder_batch_threshold: int | None = 1
-
+class KVQuantInt8MetadataBuilder(Int8Builder, AttentionMetadataBuilder[Int8Metadata]):  # type: ignore[misc,unused-ignore]
     def __init__(
         self,
         kv_cache_spec: Any,
@@ -47,7 +41,7 @@ class KVQuantInt8MetadataBuilder(AttentionMetadataBuilder[Int8Metadata]):  # typ
         device: torch.device,
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        check_block_size(kv_cache_spec.block_size)
+        self._setup_builder(kv_cache_spec.block_size, device)
         # vLLM hands the builder a copy of the spec resized to the kernel block, which keeps the
         # engine page's padded size; the engine page is what the spec hook must have sized.
         engine_block = vllm_config.cache_config.block_size
@@ -60,15 +54,6 @@ class KVQuantInt8MetadataBuilder(AttentionMetadataBuilder[Int8Metadata]):  # typ
                 f"{INT8_KV_CACHE_DTYPE} pages ({kv_cache_spec.page_size_padded} bytes, expected "
                 f"{expected}); this attention layer type is not served"
             )
-        self.numerics: Numerics = numerics_for(torch.device(device))
-
-    def build(
-        self,
-        common_prefix_len: int,
-        common_attn_metadata: CommonAttentionMetadata,
-        fast_build: bool = False,
-    ) -> Int8Metadata:
-        return build_metadata(common_attn_metadata, self.numerics)
 
 
 class KVQuantInt8Impl(Int8Layer, AttentionImpl[Int8Metadata]):  # type: ignore[misc,unused-ignore]

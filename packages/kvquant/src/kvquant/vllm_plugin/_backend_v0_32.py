@@ -16,29 +16,22 @@ from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionImpl,
     AttentionMetadataBuilder,
-    CommonAttentionMetadata,
 )
 from vllm.v1.kv_cache_interface import AttentionSpec, KVQuantMode
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from .._cache import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES
 from ._errors import UnsupportedConfigError
-from ._impl import Int8Layer, Int8Metadata, build_metadata
-from ._kernels import Numerics, numerics_for
+from ._impl import Int8Builder, Int8Layer, Int8Metadata
 from ._serving import (
     INT8_KV_CACHE_DTYPE,
     check_attention_layer,
-    check_block_size,
     int8_content_bytes,
 )
 
 
 # The ignores: where the type check runs vLLM is absent, so its base classes are Any.
-class KVQuantInt8MetadataBuilder(AttentionMetadataBuilder[Int8Metadata]):  # type: ignore[misc,unused-ignore]
-    # vLLM's V1 model runner then puts one-token requests first, so the kernel path attends them
-    # in one decode launch (the V2 runner orders batches that way by itself).
-    reorder_batch_threshold: int | None = 1
-
+class KVQuantInt8MetadataBuilder(Int8Builder, AttentionMetadataBuilder[Int8Metadata]):  # type: ignore[misc,unused-ignore]
     def __init__(
         self,
         kv_cache_spec: Any,
@@ -47,16 +40,7 @@ class KVQuantInt8MetadataBuilder(AttentionMetadataBuilder[Int8Metadata]):  # typ
         device: torch.device,
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        check_block_size(kv_cache_spec.block_size)
-        self.numerics: Numerics = numerics_for(torch.device(device))
-
-    def build(
-        self,
-        common_prefix_len: int,
-        common_attn_metadata: CommonAttentionMetadata,
-        fast_build: bool = False,
-    ) -> Int8Metadata:
-        return build_metadata(common_attn_metadata, self.numerics)
+        self._setup_builder(kv_cache_spec.block_size, device)
 
 
 class KVQuantInt8Impl(Int8Layer, AttentionImpl[Int8Metadata]):  # type: ignore[misc,unused-ignore]

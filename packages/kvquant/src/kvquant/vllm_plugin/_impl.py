@@ -12,6 +12,7 @@ kvquant's Triton kernels on CUDA/ROCm, its fp32 torch reference on the CPU unles
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,83 @@ from ._kernels import (
     plan_kernel_batch,
     write_with_kernels,
 )
-from ._serving import INT8_KV_CACHE_DTYPE, attend, cache_view, check_attention_layer, write
+from ._platforms import Expect, parameters
+from ._serving import (
+    INT8_KV_CACHE_DTYPE,
+    attend,
+    cache_view,
+    check_attention_layer,
+    check_block_size,
+    write,
+)
+
+# What Int8Layer and build_metadata take from vLLM, the same in every supported version: vLLM
+# passes the impl's constructor arguments by position, in this order.
+_IMPL_PARAMETERS = [
+    "num_heads",
+    "head_size",
+    "scale",
+    "num_kv_heads",
+    "alibi_slopes",
+    "sliding_window",
+    "kv_cache_dtype",
+    "logits_soft_cap",
+    "attn_type",
+    "kv_sharing_target_layer_name",
+]
+_FORWARD_PARAMETERS = [
+    "layer",
+    "query",
+    "key",
+    "value",
+    "kv_cache",
+    "attn_metadata",
+    "output",
+    "output_scale",
+    "output_block_scale",
+]
+_BUILD_PARAMETERS = ["common_prefix_len", "common_attn_metadata", "fast_build"]
+_COMMON_METADATA_FIELDS = (
+    "query_start_loc",
+    "query_start_loc_cpu",
+    "max_seq_len",
+    "seq_lens",
+    "num_reqs",
+    "num_actual_tokens",
+    "block_table_tensor",
+    "slot_mapping",
+    "causal",
+)
+
+
+def check_layer_api(expect: Expect) -> None:
+    """Check vLLM's backend API where this module relies on it (each version's ``check()``)."""
+    from vllm.v1.attention import backend as backend_api
+
+    for name in ("AttentionBackend", "AttentionImpl", "AttentionMetadataBuilder"):
+        expect(hasattr(backend_api, name), f"vllm.v1.attention.backend has no {name}")
+    expect(
+        parameters(backend_api.AttentionImpl.__init__)[1:] == _IMPL_PARAMETERS,
+        "AttentionImpl.__init__ has another signature",
+    )
+    expect(
+        parameters(backend_api.AttentionImpl.forward)[1:] == _FORWARD_PARAMETERS,
+        "AttentionImpl.forward has another signature",
+    )
+    builder = backend_api.AttentionMetadataBuilder
+    expect(
+        hasattr(builder, "reorder_batch_threshold"),
+        "AttentionMetadataBuilder has no reorder_batch_threshold",
+    )
+    expect(
+        parameters(builder.build)[1:] == _BUILD_PARAMETERS,
+        "AttentionMetadataBuilder.build has another signature",
+    )
+    common_fields = {f.name for f in dataclasses.fields(backend_api.CommonAttentionMetadata)}
+    expect(
+        set(_COMMON_METADATA_FIELDS) <= common_fields,
+        f"CommonAttentionMetadata lacks one of {_COMMON_METADATA_FIELDS}",
+    )
 
 
 @dataclass
@@ -72,12 +149,31 @@ def build_metadata(common: Any, numerics: Numerics) -> Int8Metadata:
 DECODER = "decoder"
 
 
+class Int8Builder:
+    """The metadata builder's part, mixed into each vLLM version's ``AttentionMetadataBuilder``;
+    the version's builder calls ``_setup_builder`` from its constructor."""
+
+    # vLLM's model runner then puts one-token requests first, so the kernel path attends them in
+    # one decode launch (0.32's V2 runner orders batches that way by itself).
+    reorder_batch_threshold: int | None = 1
+    numerics: Numerics
+
+    def _setup_builder(self, block_size: int, device: torch.device) -> None:
+        check_block_size(block_size)
+        self.numerics = numerics_for(torch.device(device))
+
+    def build(
+        self, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False
+    ) -> Int8Metadata:
+        return build_metadata(common_attn_metadata, self.numerics)
+
+
 class Int8Layer:
     """An INT8 attention impl, mixed into each vLLM version's ``AttentionImpl``.
 
     The constructor and ``forward`` take vLLM's parameters in vLLM's order (it passes them by
-    position; each version's ``check()`` verifies the order), so the versions' impls add nothing
-    but their base class.
+    position; ``check_layer_api`` verifies the order), so the versions' impls add nothing but
+    their base class.
     """
 
     def __init__(

