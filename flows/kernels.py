@@ -74,7 +74,11 @@ def _resource_rows(cells: list[dict[str, Any]]) -> list[list[Scalar]]:
     ]
 
 
-def kernels_record(ctx: RunContext, started_at: str, result: dict[str, Any]) -> Record:
+def kernels_record(
+    ctx: RunContext, started_at: str, result: dict[str, Any], previous: Path | None
+) -> Record:
+    """The stage's record of `result`, a build diffed against manifest `previous` (None: this
+    is the first build under the results root, so its empty diff compares nothing)."""
     cells, failures = result["cells"], result["failures"]
     gates = [
         Gate.judge(g["name"], float(g["value"]), g["op"], float(g["threshold"]))
@@ -83,6 +87,11 @@ def kernels_record(ctx: RunContext, started_at: str, result: dict[str, Any]) -> 
     ]
     gates.append(Gate.judge("cells_failed", float(len(failures)), "<=", 0.0))
     targets = sorted({c["target"] for c in cells})
+    changes = (
+        f"{len(result['diff'])} resource changes"
+        if previous is not None
+        else "no previous build to compare resource use against"
+    )
     return build_record(
         ctx,
         STAGE,
@@ -90,7 +99,7 @@ def kernels_record(ctx: RunContext, started_at: str, result: dict[str, Any]) -> 
         summary=(
             f"{len(cells) - len(failures)}/{len(cells)} kernel cells build for "
             f"{', '.join(targets)} ({result['cached']} from the cache, "
-            f"{result['elapsed_s']:.0f} s); {len(result['diff'])} resource changes"
+            f"{result['elapsed_s']:.0f} s); {changes}"
         ),
         metrics={
             "cells": len(cells),
@@ -129,6 +138,7 @@ def kernels_record(ctx: RunContext, started_at: str, result: dict[str, Any]) -> 
                     ]
                     for d in result["diff"]
                 ],
+                baseline_found=previous is not None,
             ),
         },
         gates=gates,
@@ -148,13 +158,14 @@ def kernels_stage(
     ctx = RunContext(run_id, Path(results_root), flow_run_id)
     started_at = utc_now()
     out = ctx.stage_dir(STAGE)
+    previous = previous_manifest(ctx.results_root, run_id)
     result = build_kernels(
         targets or ["gfx90a", "sm90"],
         Path(matrix) if matrix else None,
         out,
-        previous_manifest(ctx.results_root, run_id),
+        previous,
     )
-    record = kernels_record(ctx, started_at, result)
+    record = kernels_record(ctx, started_at, result, previous)
     write_record(ctx.results_root, record)
     publish(record, tables_markdown(record, "kvquant kernel build"), "resources")
     return record

@@ -102,6 +102,9 @@ def test_nightly_deployment_runs_every_stage_and_writes_adrs(
     assert "vllm/envs.py" in audit_adr
     kernels_adr = _adr(params, "0009-int8-kv-cache-quantization.md")
     assert "| gfx90a | reduce_splits |" in kernels_adr
+    # A fresh results root holds no earlier build: the diff block must not claim "no change".
+    diff_block = kernels_adr.split("<!-- generated:kvquant-resource-diff begin -->\n")[1]
+    assert diff_block.startswith("此结果目录下没有之前的构建：没有可比较的对象。\n")
     accuracy_block = kernels_adr.split("<!-- generated:kvbench-accuracy begin -->")[1]
     accuracy_block = accuracy_block.split("<!-- generated:kvbench-accuracy end -->")[0]
     assert "| kvb_arc_easy | acc | single-pass | 2 |" in accuracy_block

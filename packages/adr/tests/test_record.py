@@ -50,6 +50,15 @@ def test_unknown_schema_version_is_named(tmp_path: Path) -> None:
         Record.from_dict(data)
 
 
+def test_record_from_before_baseline_found_still_reads() -> None:
+    data = make_record().to_dict()
+    tables = data["tables"]
+    assert isinstance(tables, dict)
+    for table in tables.values():
+        del table["baseline_found"]
+    assert Record.from_dict(data).tables["findings"].baseline_found is None
+
+
 def test_latest_record_per_stage_wins(tmp_path: Path) -> None:
     write_record(tmp_path, make_record(run_id="a", ended_at="2026-11-28T02:00:00.000000Z"))
     write_record(tmp_path, make_record(run_id="b", ended_at="2026-11-29T02:00:00.000000Z"))

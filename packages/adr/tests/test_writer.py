@@ -244,3 +244,33 @@ def test_figures_are_copied_beside_the_adrs_and_embedded(adr_dir: Path, tmp_path
     png.unlink()
     assert update_adrs(adr_dir, results, check=True).changed == ()
     assert copied.exists()
+
+
+@pytest.mark.parametrize(
+    ("lang", "baseline_found", "sentence"),
+    [
+        ("en", False, "No previous build under this results root: nothing to compare against."),
+        ("zh", False, "此结果目录下没有之前的构建：没有可比较的对象。"),
+        ("en", True, "No resource use changed since the previous build."),
+        ("zh", True, "与上一次构建相比，资源占用没有变化。"),
+        # A record from before `baseline_found` existed renders as it always did.
+        ("en", None, "No resource use changed since the previous build."),
+    ],
+)
+def test_empty_resource_diff_says_whether_there_was_a_previous_build(
+    adr_dir: Path, tmp_path: Path, lang: str, baseline_found: bool | None, sentence: str
+) -> None:
+    columns = ["target", "kernel", "specialization", "field", "old", "new"]
+    diff = Table(columns, [], baseline_found=baseline_found)
+    results = tmp_path / "results"
+    write_record(results, replace(make_record("kernels"), tables={"resource-diff": diff}))
+    path = adr_dir / "0009-int8.md"
+    path.write_text(
+        f"---\nlang: {lang}\n---\n# 0009 INT8\n"
+        "<!-- generated:kvquant-resource-diff begin -->\n"
+        "<!-- generated:kvquant-resource-diff end -->\n"
+    )
+    update_adrs(adr_dir, results)
+    block = path.read_text().split("<!-- generated:kvquant-resource-diff begin -->\n")[1]
+    assert block.startswith(sentence + "\n")
+    assert "`run-1`" in block.split("generated:kvquant-resource-diff end")[0]

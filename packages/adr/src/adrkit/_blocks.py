@@ -87,6 +87,9 @@ _LABELS: dict[str, dict[str, str]] = {
         "old": "Before",
         "new": "Now",
         "no-diff": "No resource use changed since the previous build.",
+        "no-previous-build": (
+            "No previous build under this results root: nothing to compare against."
+        ),
         "no-rows": "No rows were measured.",
         "figure": "Figure",
         "task": "Task",
@@ -191,6 +194,7 @@ _LABELS: dict[str, dict[str, str]] = {
         "old": "之前",
         "new": "现在",
         "no-diff": "与上一次构建相比，资源占用没有变化。",
+        "no-previous-build": "此结果目录下没有之前的构建：没有可比较的对象。",
         "no-rows": "没有测得任何结果。",
         "figure": "图",
         "task": "任务",
@@ -365,10 +369,18 @@ def is_figure(artifact: str) -> bool:
 
 
 def render_record_table(
-    stage: str, table: str, empty_key: str, figures: Sequence[str] = ()
+    stage: str,
+    table: str,
+    empty_key: str,
+    figures: Sequence[str] = (),
+    no_baseline_key: str | None = None,
 ) -> Renderer:
     """A renderer that shows one named table of one stage's record, then the named figures
-    the record has (PNG artifacts, which the writer copies beside the ADRs)."""
+    the record has (PNG artifacts, which the writer copies beside the ADRs).
+
+    A table without rows shows the label `empty_key`, or `no_baseline_key` when the table says
+    there was no earlier result to compare against (`Table.baseline_found` is False).
+    """
 
     def render(records: Records, lang: str) -> str:
         record = _require(records, stage, lang)
@@ -377,10 +389,12 @@ def render_record_table(
         if record.status == "skipped":
             return "\n\n".join([record.reason or record.summary, source_line(record, lang)])
         found: Table | None = record.tables.get(table)
-        if found is None or not found.rows:
-            body = label(lang, empty_key)
-        else:
+        if found is not None and found.rows:
             body = markdown_table(lang, found.columns, found.rows)
+        elif found is not None and found.baseline_found is False and no_baseline_key:
+            body = label(lang, no_baseline_key)
+        else:
+            body = label(lang, empty_key)
         shown = [
             f"![{label(lang, 'figure')}: {name}]({asset_name(stage, name)})"
             for name in figures
@@ -400,7 +414,9 @@ BLOCKS: dict[str, Renderer] = {
     "kvquant-correctness": render_record_table("correctness", "errors", "no-cases"),
     "kvquant-edge-cases": render_record_table("correctness", "edge-cases", "no-cases"),
     "kvquant-resources": render_record_table("kernels", "resources", "no-cases"),
-    "kvquant-resource-diff": render_record_table("kernels", "resource-diff", "no-diff"),
+    "kvquant-resource-diff": render_record_table(
+        "kernels", "resource-diff", "no-diff", no_baseline_key="no-previous-build"
+    ),
     "kvbench-accuracy": render_record_table(
         "accuracy", "deltas", "no-rows", figures=("accuracy_deltas.png",)
     ),

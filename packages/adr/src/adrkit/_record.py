@@ -62,10 +62,16 @@ class Gate:
 
 @dataclass(frozen=True)
 class Table:
-    """A small table of scalars; ``columns`` are stable ids that renderers translate."""
+    """A small table of scalars; ``columns`` are stable ids that renderers translate.
+
+    ``baseline_found`` is for a table of differences against an earlier result: False when there
+    was none, so no rows means "nothing to compare against", not "nothing changed". None for a
+    table that compares nothing, and in records written before the field existed.
+    """
 
     columns: list[str]
     rows: list[list[Scalar]]
+    baseline_found: bool | None = None
 
 
 @dataclass(frozen=True)
