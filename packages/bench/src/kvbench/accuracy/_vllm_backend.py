@@ -18,10 +18,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+# Imports torch but not vLLM, so `prepare_vllm` still runs before vLLM loads. This module itself
+# loads only for the vllm backend, which needs torch anyway.
+from kvquant.vllm_plugin import INT8_KV_CACHE_DTYPE
+
 from ._errors import BackendMissingError, EngineStartError
 
 # kvbench's cache names (config `[compare]`) -> vLLM's `kv_cache_dtype` strings.
-VLLM_KV_CACHE_DTYPES = {"auto": "auto", "int8": "int8_per_token_head", "fp8_e4m3": "fp8_e4m3"}
+VLLM_KV_CACHE_DTYPES = {"auto": "auto", "int8": INT8_KV_CACHE_DTYPE, "fp8_e4m3": "fp8_e4m3"}
 # vLLM's CPU attention wants blocks that are multiples of 32; kvquant's plugin serves INT8 in
 # kernel blocks of 16, 32 or 64, and only 32 has been run end to end through it.
 _CPU_BLOCK_SIZE = 32

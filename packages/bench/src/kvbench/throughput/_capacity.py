@@ -12,20 +12,20 @@ from typing import Any
 from ._matrix import CapacitySettings
 from ._model import ModelShape
 
-# The row labels use vLLM's kv_cache_dtype names, so computed and engine rows line up.
-_COMPUTED_DTYPES = ("16-bit", "int8_per_token_head")
-
 
 def computed_capacity(shape: ModelShape, settings: CapacitySettings) -> list[dict[str, Any]]:
     """One row per cache dtype: the whole blocks that fit the budget, as tokens and sequences."""
     import torch
 
     from kvquant import page_bytes
+    from kvquant.vllm_plugin import INT8_KV_CACHE_DTYPE  # imports torch, so not at module level
 
+    # The row labels use vLLM's kv_cache_dtype names, so computed and engine rows line up.
+    cache_dtypes = {"16-bit": torch.bfloat16, INT8_KV_CACHE_DTYPE: torch.int8}
     budget = int(settings.kv_budget_gib * 2**30)
     blocks_per_seq = -(-settings.seq_len // settings.block_size)
     rows = []
-    for name, dtype in zip(_COMPUTED_DTYPES, (torch.bfloat16, torch.int8), strict=True):
+    for name, dtype in cache_dtypes.items():
         block_bytes = shape.num_layers * page_bytes(
             shape.num_kv_heads, settings.block_size, shape.head_size, dtype
         )
