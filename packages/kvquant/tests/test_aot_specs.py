@@ -14,6 +14,8 @@ import sys
 import pytest
 import torch
 
+from kvquant._cache import SUPPORTED_BLOCK_SIZES as BLOCKS
+from kvquant._cache import SUPPORTED_HEAD_SIZES as SIZES
 from kvquant.ops import aot_specs
 
 _COMPILE_ALL = """
@@ -51,7 +53,7 @@ def test_specs_cover_every_parameter() -> None:
         constexpr_names = {k for k, v in spec.signature.items() if v == "constexpr"}
         assert constexpr_names == set(spec.constexprs)
     decode = specs[0]
-    assert decode.signature["k_ptr"] == "*i8" and decode.signature["q_ptr"] == "*bf16"
+    assert decode.signature["k_ptr"] == "*i8" and decode.signature["q_ptr"] == "*i16"
     cuda = aot_specs(
         head_size=128,
         block_size=16,
@@ -67,25 +69,89 @@ def test_specs_cover_every_parameter() -> None:
     assert [spec.maxnreg for spec in specs] == [None] * 4
 
 
+def _compiled_variants(
+    *,
+    head_size: int = 128,
+    block_size: int = 16,
+    gqa: int = 4,
+    model_dtype: torch.dtype = torch.bfloat16,
+    cache_dtype: torch.dtype = torch.int8,
+) -> dict[str, tuple[object, ...]]:
+    """What decides each kernel's compiled binary, by kernel name."""
+    if cache_dtype != torch.int8:
+        cache_dtype = model_dtype
+    specs = aot_specs(
+        head_size=head_size,
+        block_size=block_size,
+        gqa=gqa,
+        model_dtype=model_dtype,
+        cache_dtype=cache_dtype,
+        target="hip",
+    )
+    return {
+        spec.name: (spec.constexprs, spec.signature, spec.aligned, spec.num_stages)
+        for spec in specs
+    }
+
+
 def test_one_compiled_variant_serves_every_gqa_ratio_up_to_16() -> None:
     """The group is a runtime argument: GQA 1, 4, 8 and 16 share every spec (one build cell)."""
-
-    def specs(gqa: int) -> list[tuple[str, dict[str, object], dict[str, str]]]:
-        return [
-            (spec.name, spec.constexprs, spec.signature)
-            for spec in aot_specs(
-                head_size=128,
-                block_size=16,
-                gqa=gqa,
-                model_dtype=torch.bfloat16,
-                cache_dtype=torch.int8,
-                target="hip",
-            )
-        ]
-
-    assert specs(1) == specs(4) == specs(8) == specs(16)
+    one, four, eight, sixteen = (_compiled_variants(gqa=g) for g in (1, 4, 8, 16))
+    assert one == four == eight == sixteen
     # Past 16 the query rows of one kv head no longer fit the decode tile: a wider variant.
-    assert specs(32) != specs(16)
+    assert _compiled_variants(gqa=32)["decode_attention"] != sixteen["decode_attention"]
+
+
+def test_reducer_and_cache_write_serve_head_sizes_that_pad_alike() -> None:
+    """Their head_size is a runtime argument: 80, 96 and 128 (padded to 128) share them; the
+    attention kernels keep a compile-time head size (a runtime one cost the INT8 decode 7-11%)."""
+    for cache_dtype in (torch.int8, torch.bfloat16):
+        by_head = {h: _compiled_variants(head_size=h, cache_dtype=cache_dtype) for h in SIZES}
+        for padded in (80, 96):
+            differ = [k for k in by_head[128] if by_head[128][k] != by_head[padded][k]]
+            assert differ == ["decode_attention", "prefill_attention"]
+        for kernel, variant in by_head[128].items():
+            assert variant != by_head[64][kernel] and variant != by_head[256][kernel]
+
+
+def test_int8_attention_serves_both_model_dtypes() -> None:
+    """The INT8 kernels take the query and output as int16 bits: fp16 and bf16 share them."""
+    int8 = [_compiled_variants(model_dtype=d) for d in (torch.float16, torch.bfloat16)]
+    assert [k for k in int8[0] if int8[0][k] != int8[1][k]] == ["reduce_splits", "cache_write"]
+    dense = [
+        _compiled_variants(model_dtype=d, cache_dtype=d) for d in (torch.float16, torch.bfloat16)
+    ]
+    assert all(dense[0][k] != dense[1][k] for k in dense[0])
+
+
+def test_one_compiled_variant_serves_every_block_size_but_int8_page_rows() -> None:
+    """block_size is a runtime argument; only INT8 at block 16 loads V page by page."""
+    bf16 = [_compiled_variants(block_size=b, cache_dtype=torch.bfloat16) for b in BLOCKS]
+    assert bf16[0] == bf16[1] == bf16[2]
+    int8 = [_compiled_variants(block_size=b) for b in BLOCKS]
+    assert int8[1] == int8[2]
+    assert [k for k in int8[0] if int8[0][k] != int8[1][k]] == [
+        "decode_attention",
+        "prefill_attention",
+    ]
+
+
+def test_runtime_sizes_are_multiples_of_16_and_marked_so() -> None:
+    """The JIT marks 16-divisible integers; the build must mark the same ones (and only them)."""
+    assert all(size % 16 == 0 for size in (*SIZES, *BLOCKS))
+    assert all(block & (block - 1) == 0 for block in BLOCKS)  # the cache write shifts
+    specs = aot_specs(
+        head_size=80,
+        block_size=32,
+        gqa=4,
+        model_dtype=torch.float16,
+        cache_dtype=torch.int8,
+        target="cuda",
+    )
+    for spec in specs:
+        for size in ("head_size", "block_size"):
+            assert (size in spec.signature) == (size in spec.aligned), (spec.name, size)
+        assert "block_shift" not in spec.aligned
 
 
 def test_bad_target_is_one_line_error() -> None:

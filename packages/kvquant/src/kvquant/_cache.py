@@ -22,6 +22,8 @@ import torch
 
 from ._errors import InvalidInputError
 
+# The kernels take both sizes as runtime values marked as multiples of 16 (ops._common), and
+# split a slot or key position into page and offset by shifting: block sizes are powers of two.
 SUPPORTED_HEAD_SIZES = (64, 80, 96, 128, 256)
 SUPPORTED_BLOCK_SIZES = (16, 32, 64)
 CACHE_DTYPES = (torch.int8, torch.float16, torch.bfloat16)

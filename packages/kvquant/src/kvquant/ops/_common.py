@@ -67,6 +67,7 @@ _TRITON_TYPES = {
     torch.bfloat16: "bf16",
     torch.float32: "fp32",
     torch.int8: "i8",
+    torch.int16: "i16",
     torch.int32: "i32",
     torch.int64: "i64",
 }
@@ -116,6 +117,13 @@ def check_target(target: str) -> None:
         raise InvalidInputError(f"`target` is {target!r}; expected one of {TARGETS}")
 
 
+# Runtime sizes that are multiples of 16 on every launch (SUPPORTED_HEAD_SIZES and
+# SUPPORTED_BLOCK_SIZES): the JIT marks them so, which keeps masks over 16 dims constant and the
+# loads 16 bytes wide. One compiled cache write serves every block size and the head sizes that
+# pad alike (80, 96, 128), one attention kernel every block size (NOTES.md, session 5).
+_SIZES_OF_16 = ("head_size", "block_size")
+
+
 def make_spec(
     name: str,
     kernel: Any,
@@ -129,8 +137,9 @@ def make_spec(
 ) -> KernelSpec:
     """Build a spec whose signature lists ``kernel``'s parameters in order; checks completeness.
 
-    Every pointer and every ``stride_*`` parameter counts as aligned (see `KernelSpec.aligned`)
-    except those named in ``unaligned``: strides whose value callers choose freely.
+    Every pointer, every ``stride_*`` parameter and the cache's ``head_size`` and ``block_size``
+    (every supported one is a multiple of 16) count as aligned (see `KernelSpec.aligned`) except
+    those named in ``unaligned``: strides whose value callers choose freely.
     """
     python_fn = getattr(kernel, "fn", kernel)  # JITFunction and the interpreter's wrapper
     params = [
@@ -144,7 +153,8 @@ def make_spec(
     aligned = tuple(
         name_
         for name_, kind in signature.items()
-        if (kind.startswith("*") or name_.startswith("stride_")) and name_ not in unaligned
+        if (kind.startswith("*") or name_.startswith("stride_") or name_ in _SIZES_OF_16)
+        and name_ not in unaligned
     )
     return KernelSpec(
         name, kernel, signature, dict(constexprs), num_warps, num_stages, aligned, maxnreg

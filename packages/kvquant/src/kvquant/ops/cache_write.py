@@ -84,6 +84,9 @@ def _cache_write_kernel(
     v_scale_ptr,
     # Sizes and strides
     num_tokens,
+    head_size,  # a multiple of 16, <= HEAD_PAD
+    block_size,  # a power of two, >= 16
+    block_shift,  # log2(block_size): a 64-bit division is a long routine on AMD GPUs
     stride_key_t: tl.int64,
     stride_key_h: tl.int64,
     stride_value_t: tl.int64,
@@ -94,9 +97,7 @@ def _cache_write_kernel(
     stride_vc_h: tl.int64,
     stride_scale_b: tl.int64,
     stride_scale_h: tl.int64,
-    HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
     BLOCK_TOKENS: tl.constexpr,
     QUANTIZE: tl.constexpr,
 ):
@@ -106,16 +107,16 @@ def _cache_write_kernel(
     dims = tl.arange(0, HEAD_PAD)  # [D]
     slots = tl.load(slot_mapping_ptr + tokens, mask=tokens < num_tokens, other=-1).to(tl.int64)
     live = slots >= 0
-    block = tl.where(live, slots // BLOCK_SIZE, 0)
-    offset = tl.where(live, slots % BLOCK_SIZE, 0)
-    mask = live[:, None] & (dims[None, :] < HEAD_SIZE)  # [T, D]
+    block = tl.where(live, slots >> block_shift, 0)
+    offset = tl.where(live, slots & (block_size - 1), 0)
+    mask = live[:, None] & (dims[None, :] < head_size)  # [T, D]
     # The tile fills BLOCK_TOKENS consecutive slots of one page (prefill): V can then be stored
     # as [D, T] rows of BLOCK_TOKENS bytes instead of one byte per (token, dim).
     first_slot = tl.load(slot_mapping_ptr + token_tile * BLOCK_TOKENS)
     in_order = tl.sum((slots == first_slot + tl.arange(0, BLOCK_TOKENS)).to(tl.int32), axis=0)
     in_order = (in_order == BLOCK_TOKENS) & (first_slot >= 0) & (first_slot % BLOCK_TOKENS == 0)
     in_order = in_order & ((token_tile + 1) * BLOCK_TOKENS <= num_tokens)
-    in_order = in_order & (BLOCK_TOKENS <= BLOCK_SIZE)  # the tile stays within one page
+    in_order = in_order & (block_size >= BLOCK_TOKENS)  # the tile stays within one page
 
     tokens64 = tokens.to(tl.int64)
     key = tl.load(
@@ -129,9 +130,9 @@ def _cache_write_kernel(
         other=0.0,
     )
     k_page = tl.multiple_of(block * stride_kc_b + head * stride_kc_h, 16)
-    k_dst = k_cache_ptr + k_page[:, None] + offset[:, None] * HEAD_SIZE + dims[None, :]
+    k_dst = k_cache_ptr + k_page[:, None] + offset[:, None] * head_size + dims[None, :]
     v_page = tl.multiple_of(block * stride_vc_b + head * stride_vc_h, 16)
-    v_dst = v_cache_ptr + v_page[:, None] + dims[None, :] * BLOCK_SIZE + offset[:, None]
+    v_dst = v_cache_ptr + v_page[:, None] + dims[None, :] * block_size + offset[:, None]
     if QUANTIZE:
         k_codes, k_scale = _quantize_rows(key.to(tl.float32))
         v_codes, v_scale = _quantize_rows(value.to(tl.float32))
@@ -143,19 +144,19 @@ def _cache_write_kernel(
         v_codes = value.to(v_cache_ptr.dtype.element_ty)
     tl.store(k_dst, k_codes, mask=mask)
     if in_order:
-        first_block = first_slot // BLOCK_SIZE
-        first_offset = tl.multiple_of(first_slot % BLOCK_SIZE, BLOCK_TOKENS)
+        first_block = first_slot >> block_shift
+        first_offset = tl.multiple_of(first_slot & (block_size - 1), BLOCK_TOKENS)
         v_row = first_block * stride_vc_b + head * stride_vc_h + first_offset
         v_row = tl.multiple_of(v_row, 16)
-        v_rows = v_row + dims[:, None] * BLOCK_SIZE + tl.arange(0, BLOCK_TOKENS)[None, :]
-        tl.store(v_cache_ptr + v_rows, tl.trans(v_codes), mask=dims[:, None] < HEAD_SIZE)
+        v_rows = v_row + dims[:, None] * block_size + tl.arange(0, BLOCK_TOKENS)[None, :]
+        tl.store(v_cache_ptr + v_rows, tl.trans(v_codes), mask=dims[:, None] < head_size)
     else:
         tl.store(v_dst, v_codes, mask=mask)
 
 
 @functools.cache
 def cache_write_spec(
-    *, head_size: int, block_size: int, model_dtype: torch.dtype, cache_dtype: torch.dtype
+    *, head_size: int, model_dtype: torch.dtype, cache_dtype: torch.dtype
 ) -> KernelSpec:
     """What the launcher compiles for this specialization (the same on every target)."""
     quantize = cache_dtype == torch.int8
@@ -174,6 +175,9 @@ def cache_write_spec(
         "k_scale_ptr": scale,
         "v_scale_ptr": scale,
         "num_tokens": "i32",
+        "head_size": "i32",
+        "block_size": "i32",
+        "block_shift": "i32",
     }
     for stride in [
         "stride_key_t",
@@ -189,9 +193,7 @@ def cache_write_spec(
     ]:
         types[stride] = "i64"
     constexprs: dict[str, int | float | bool] = {
-        "HEAD_SIZE": head_size,
         "HEAD_PAD": next_power_of_2(head_size),
-        "BLOCK_SIZE": block_size,
         "BLOCK_TOKENS": _BLOCK_TOKENS,
         "QUANTIZE": quantize,
     }
@@ -214,7 +216,6 @@ def aot_specs(
     return [
         cache_write_spec(
             head_size=head_size,
-            block_size=block_size,
             model_dtype=model_dtype,
             cache_dtype=cache_dtype,
         )
@@ -273,7 +274,6 @@ def cache_write(
     v_scale = cache.v_scale if cache.v_scale is not None else cache.v
     spec = cache_write_spec(
         head_size=cache.head_size,
-        block_size=cache.block_size,
         model_dtype=key.dtype,
         cache_dtype=cache.dtype,
     )
@@ -289,6 +289,9 @@ def cache_write(
         k_scale,
         v_scale,
         num_tokens,
+        cache.head_size,
+        cache.block_size,
+        cache.block_size.bit_length() - 1,
         key.stride(0),
         key.stride(1),
         value.stride(0),

@@ -52,6 +52,11 @@ from ._common import (
 
 # Scores are kept in log2 units so the softmax can use exp2.
 _LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+# Every supported block size is a multiple of 16, so a page holds whole runs of 16 keys: within a
+# run the page base is constant and the in-page offsets are contiguous. The attention kernels
+# state that much (the block size itself is a runtime argument), so one compiled variant serves
+# every block size, except INT8 at block 16, whose V loads go page by page (V_PAGEWISE).
+_PAGE_RUN: tl.constexpr = tl.constexpr(16)
 
 # Tokens per KV tile; a multiple of every block size. 128 beat 64 by 20-30% in the H200 sweep
 # (NOTES.md).
@@ -110,6 +115,8 @@ def _attend_tiles(
     kv_head,
     softcap,  # > 0: logits become softcap * tanh(logits / softcap)
     sliding_window,  # > 0: prefill rows see only their newest sliding_window keys
+    block_size,
+    block_shift,  # log2(block_size)
     stride_k_b,
     stride_k_h,
     stride_v_b,
@@ -119,7 +126,6 @@ def _attend_tiles(
     ROWS: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     IS_DECODE: tl.constexpr,
     QUANTIZED: tl.constexpr,
@@ -128,9 +134,9 @@ def _attend_tiles(
 ):
     """Online softmax over KV tiles [tile_lo, tile_hi); returns (acc, running max, running sum).
 
-    Addressing: one page of one kv head is contiguous (K [BLOCK_SIZE, HEAD], V^T [HEAD,
-    BLOCK_SIZE]), so a token's address is its page's base plus a 32-bit in-page offset. The page
-    base is constant over BLOCK_SIZE consecutive keys and a multiple of 16 (every cache stride is,
+    Addressing: one page of one kv head is contiguous (K [block_size, HEAD], V^T [HEAD,
+    block_size]), so a token's address is its page's base plus a 32-bit in-page offset. The page
+    base is constant over each run of _PAGE_RUN keys and a multiple of 16 (every cache stride is,
     block_size >= 16): the hints let both tiles load as 16-byte vectors. Loads are unmasked over
     whole pages (a key past the end reads its page's stale slot, or page 0 for a page past the
     end); those keys are masked out of the scores, P and (16-bit) V afterwards.
@@ -146,31 +152,37 @@ def _attend_tiles(
     for tile in range(tile_lo, tile_hi):
         keys = tile * TILE_N + tl.arange(0, TILE_N)  # [N]
         key_valid = (keys >= first_key) & (keys <= last_key)
-        page = tl.load(block_table_row + keys // BLOCK_SIZE, mask=keys <= last_key, other=0)
+        if V_PAGEWISE:  # block_size == _PAGE_RUN; constant arithmetic keeps its decode 1-2% faster
+            page_index = keys // _PAGE_RUN
+            slot = keys % _PAGE_RUN
+        else:
+            page_index = keys >> block_shift
+            slot = keys & (block_size - 1)
+            slot = tl.max_contiguous(tl.multiple_of(slot, _PAGE_RUN), _PAGE_RUN)
+        page = tl.load(block_table_row + page_index, mask=keys <= last_key, other=0)
         page = page.to(tl.int64)
-        slot = keys % BLOCK_SIZE
-        k_base = tl.multiple_of(tl.max_constancy(page * stride_k_b + head_k, BLOCK_SIZE), 16)
+        k_base = tl.multiple_of(tl.max_constancy(page * stride_k_b + head_k, _PAGE_RUN), 16)
         # K tile [N, D], token-major.
         k_offsets = k_base[:, None] + (slot * HEAD_SIZE)[:, None] + dims[None, :]
         if V_PAGEWISE:
-            # A page row of V (one dim, BLOCK_SIZE keys) is under a 32-byte sector. Loaded as
-            # [D, N], each thread of a quarter-warp would read a different page and every
-            # sector would be fetched twice; loaded page by page, [PAGES, D, BLOCK_SIZE],
+            # block_size == _PAGE_RUN. A page row of V (one dim, 16 keys) is under a 32-byte
+            # sector. Loaded as [D, N], each thread of a quarter-warp would read a different page
+            # and every sector would be fetched twice; loaded page by page, [PAGES, D, 16],
             # consecutive threads read consecutive rows of one page. Then viewed as [D, N].
-            tile_pages = tile * (TILE_N // BLOCK_SIZE) + tl.arange(0, TILE_N // BLOCK_SIZE)
+            tile_pages = tile * (TILE_N // _PAGE_RUN) + tl.arange(0, TILE_N // _PAGE_RUN)
             v_page = tl.load(
-                block_table_row + tile_pages, mask=tile_pages * BLOCK_SIZE <= last_key, other=0
+                block_table_row + tile_pages, mask=tile_pages * _PAGE_RUN <= last_key, other=0
             )
             v_base = tl.multiple_of(v_page.to(tl.int64) * stride_v_b + head_v, 16)
             v_offsets = (
                 v_base[:, None, None]
-                + (dims * BLOCK_SIZE)[None, :, None]
-                + tl.arange(0, BLOCK_SIZE)[None, None, :]
+                + (dims * _PAGE_RUN)[None, :, None]
+                + tl.arange(0, _PAGE_RUN)[None, None, :]
             )
         else:
             # V tile [D, N], transposed within the page.
-            v_base = tl.multiple_of(tl.max_constancy(page * stride_v_b + head_v, BLOCK_SIZE), 16)
-            v_offsets = v_base[None, :] + (dims * BLOCK_SIZE)[:, None] + slot[None, :]
+            v_base = tl.multiple_of(tl.max_constancy(page * stride_v_b + head_v, _PAGE_RUN), 16)
+            v_offsets = v_base[None, :] + (dims * block_size)[:, None] + slot[None, :]
         if HEAD_SIZE == HEAD_PAD:
             k = tl.load(k_ptr + k_offsets)
         else:  # padded dims would read the next token's bytes, or past the cache's end
@@ -181,7 +193,7 @@ def _attend_tiles(
         else:
             v = tl.load(v_ptr + v_offsets, mask=dim_valid[:, None], other=0)
         if QUANTIZED:
-            s_base = tl.multiple_of(tl.max_constancy(page * stride_s_b + head_s, BLOCK_SIZE), 16)
+            s_base = tl.multiple_of(tl.max_constancy(page * stride_s_b + head_s, _PAGE_RUN), 16)
             k_scale = tl.load(k_scale_ptr + s_base + slot)
             # Stale scales of masked keys may be anything, inf included: zero them.
             v_scale = tl.where(key_valid, tl.load(v_scale_ptr + s_base + slot), 0.0)
@@ -247,15 +259,32 @@ def _split_to_int8(x):
 
 
 @triton.jit
-def _prepare_query(q, softmax_scale, softcap, QUANTIZED: tl.constexpr):
+def _float_from_bits(bits, is_bf16):
+    """fp32 values of 16-bit floats held as int16 bits: bf16 where is_bf16 != 0, else fp16."""
+    as_bf16 = (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    as_fp16 = bits.to(tl.float16, bitcast=True).to(tl.float32)
+    return tl.where(is_bf16 != 0, as_bf16, as_fp16)
+
+
+@triton.jit
+def _bits_from_float(x, is_bf16):
+    """int16 bits of x rounded to bf16 where is_bf16 != 0, else to fp16."""
+    as_bf16 = x.to(tl.bfloat16).to(tl.int16, bitcast=True)
+    as_fp16 = x.to(tl.float16).to(tl.int16, bitcast=True)
+    return tl.where(is_bf16 != 0, as_bf16, as_fp16)
+
+
+@triton.jit
+def _prepare_query(q, query_bf16, softmax_scale, softcap, QUANTIZED: tl.constexpr):
     """(query operand, its low part or the query again, per-row score scale in log2 units).
 
-    INT8 cache: each row is scaled to [-127, 127] and split into two int8 tiles (14 bits, finer
-    than fp16's 11) for exact int8 dots; the row's scale / 254 goes into its score scale. A row
-    with NaN or inf gets a NaN score scale, so only that row's output is NaN.
+    INT8 cache: the query comes as int16 bits (see `_attention_types`); each row is scaled to
+    [-127, 127] and split into two int8 tiles (14 bits, finer than fp16's 11) for exact int8
+    dots; the row's scale / 254 goes into its score scale. A row with NaN or inf gets a NaN
+    score scale, so only that row's output is NaN.
     """
     if QUANTIZED:
-        q32 = q.to(tl.float32)
+        q32 = _float_from_bits(q, query_bf16)
         row_absmax = tl.max(tl.abs(q32), axis=1)
         finite = tl.max(tl.where(q32 - q32 == 0.0, 0.0, 1.0), axis=1) == 0.0
         to_codes = tl.where(row_absmax > 0.0, 127.0 / row_absmax, 0.0)
@@ -269,7 +298,7 @@ def _prepare_query(q, softmax_scale, softcap, QUANTIZED: tl.constexpr):
     return q, q_low, row_scale
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["query_bf16"])
 def _decode_kernel(
     # Outputs: unnormalised partial results of each split, combined by _reduce_splits_kernel
     partial_acc_ptr,  # [num_seqs, num_q_heads, num_splits, head_size] fp32
@@ -290,6 +319,9 @@ def _decode_kernel(
     num_splits,
     tiles_per_split,
     group,  # query heads per kv head
+    query_bf16,  # INT8 cache: 1 if the int16 query (and prefill output) bits are bf16, 0: fp16
+    block_size,  # a power of two, >= 16; 16 when V_PAGEWISE
+    block_shift,  # log2(block_size)
     # Strides
     stride_q_t: tl.int64,
     stride_q_h: tl.int64,
@@ -303,7 +335,6 @@ def _decode_kernel(
     # Shapes and features
     HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     TILE_N: tl.constexpr,
     QUANTIZED: tl.constexpr,
@@ -322,9 +353,9 @@ def _decode_kernel(
     dim_valid = dims < HEAD_SIZE
     q_offsets = seq.to(tl.int64) * stride_q_t + row_head.to(tl.int64)[:, None] * stride_q_h
     q = tl.load(
-        q_ptr + q_offsets + dims[None, :], mask=row_valid[:, None] & dim_valid[None, :], other=0.0
+        q_ptr + q_offsets + dims[None, :], mask=row_valid[:, None] & dim_valid[None, :], other=0
     )
-    q, q_low, score_scale = _prepare_query(q, softmax_scale, softcap, QUANTIZED)
+    q, q_low, score_scale = _prepare_query(q, query_bf16, softmax_scale, softcap, QUANTIZED)
 
     last_key = seq_len - 1
     first_key = tl.where(sliding_window > 0, tl.maximum(seq_len - sliding_window, 0), 0)
@@ -347,6 +378,8 @@ def _decode_kernel(
         kv_head,
         softcap,
         sliding_window,
+        block_size,
+        block_shift,
         stride_k_b,
         stride_k_h,
         stride_v_b,
@@ -356,7 +389,6 @@ def _decode_kernel(
         GROUP_PAD,
         HEAD_SIZE,
         HEAD_PAD,
-        BLOCK_SIZE,
         TILE_N,
         True,
         QUANTIZED,
@@ -375,7 +407,7 @@ def _decode_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["query_bf16"])
 def _prefill_kernel(
     # Outputs
     out_ptr,  # [total_q, num_q_heads, head_size] query dtype
@@ -396,6 +428,9 @@ def _prefill_kernel(
     sliding_window,  # > 0 turns the sliding window on
     group,  # query heads per kv head
     block_q,  # query tokens per program: ROWS // group
+    query_bf16,  # INT8 cache: 1 if the int16 query and output bits are bf16, 0: fp16
+    block_size,  # a power of two, >= 16; 16 when V_PAGEWISE
+    block_shift,  # log2(block_size)
     # Strides
     stride_q_t: tl.int64,
     stride_q_h: tl.int64,
@@ -411,7 +446,6 @@ def _prefill_kernel(
     # Shapes and features
     HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
     ROWS: tl.constexpr,
     TILE_N: tl.constexpr,
     QUANTIZED: tl.constexpr,
@@ -438,8 +472,8 @@ def _prefill_kernel(
     dim_valid = dims < HEAD_SIZE
     q_offsets = (q_first + row_token).to(tl.int64)[:, None] * stride_q_t
     q_offsets += row_head.to(tl.int64)[:, None] * stride_q_h + dims[None, :]
-    q = tl.load(q_ptr + q_offsets, mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
-    q, q_low, score_scale = _prepare_query(q, softmax_scale, softcap, QUANTIZED)
+    q = tl.load(q_ptr + q_offsets, mask=row_valid[:, None] & dim_valid[None, :], other=0)
+    q, q_low, score_scale = _prepare_query(q, query_bf16, softmax_scale, softcap, QUANTIZED)
 
     last_key = seq_len - q_len + tl.minimum(tile_start + block_q, q_len) - 1
     window_first = tl.maximum(seq_len - q_len + tile_start - sliding_window + 1, 0)
@@ -461,6 +495,8 @@ def _prefill_kernel(
         kv_head,
         softcap,
         sliding_window,
+        block_size,
+        block_shift,
         stride_k_b,
         stride_k_h,
         stride_v_b,
@@ -470,7 +506,6 @@ def _prefill_kernel(
         ROWS,
         HEAD_SIZE,
         HEAD_PAD,
-        BLOCK_SIZE,
         TILE_N,
         False,
         QUANTIZED,
@@ -481,6 +516,8 @@ def _prefill_kernel(
     # ---- Epilogue ----
     out_rows = (q_first + row_token).to(tl.int64)
     result = acc / running_sum[:, None]
+    if out_ptr.dtype.element_ty == tl.int16:
+        result = _bits_from_float(result, query_bf16)
     o_offsets = out_rows[:, None] * stride_o_t + row_head.to(tl.int64)[:, None] * stride_o_h
     tl.store(
         out_ptr + o_offsets + dims[None, :],
@@ -496,9 +533,9 @@ def _reduce_splits_kernel(
     partial_max_ptr,  # [num_seqs, num_q_heads, num_splits] fp32, log2 units
     partial_sum_ptr,  # [num_seqs, num_q_heads, num_splits] fp32
     num_splits,
+    head_size,  # a multiple of 16, <= HEAD_PAD
     stride_o_t: tl.int64,
     stride_o_h: tl.int64,
-    HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     SPLIT_TILE: tl.constexpr,
 ):
@@ -524,8 +561,8 @@ def _reduce_splits_kernel(
         split_max = tl.load(partial_max_ptr + index, mask=split_valid, other=float("-inf"))
         split_sum = tl.load(partial_sum_ptr + index, mask=split_valid, other=0.0)
         split_acc = tl.load(
-            partial_acc_ptr + index[:, None] * HEAD_SIZE + dims[None, :],
-            mask=split_valid[:, None] & (dims[None, :] < HEAD_SIZE),
+            partial_acc_ptr + index[:, None] * head_size + dims[None, :],
+            mask=split_valid[:, None] & (dims[None, :] < head_size),
             other=0.0,
         )
         weight = tl.exp2(split_max - overall_max)  # an empty split has max -inf: weight 0
@@ -534,7 +571,7 @@ def _reduce_splits_kernel(
     tl.store(
         out_ptr + token * stride_o_t + head * stride_o_h + dims,
         (result / total).to(out_ptr.dtype.element_ty),
-        mask=dims < HEAD_SIZE,
+        mask=dims < head_size,
     )
 
 
@@ -671,12 +708,15 @@ def _attention_types(
 ) -> dict[str, str]:
     """Triton types of the attention kernels' runtime parameters, by name."""
     quantized = cache_dtype == torch.int8
+    # The INT8 kernels convert the query to fp32 first and round only their output, so they take
+    # both as int16 bits and a runtime `query_bf16`: one compiled variant per model dtype pair.
+    as_bits = quantized and out_dtype in ACTIVATION_DTYPES
     known = {
-        "out_ptr": pointer(out_dtype),
+        "out_ptr": pointer(torch.int16 if as_bits else out_dtype),
         "partial_acc_ptr": pointer(torch.float32),
         "partial_max_ptr": pointer(torch.float32),
         "partial_sum_ptr": pointer(torch.float32),
-        "q_ptr": pointer(model_dtype),
+        "q_ptr": pointer(torch.int16 if quantized else model_dtype),
         "k_ptr": pointer(cache_dtype),
         "v_ptr": pointer(cache_dtype),
         # A 16-bit cache has no scales: the launcher passes its K tensor, never dereferenced.
@@ -694,6 +734,10 @@ def _attention_types(
         "tiles_per_split": "i32",
         "group": "i32",
         "block_q": "i32",
+        "query_bf16": "i32",
+        "head_size": "i32",
+        "block_size": "i32",
+        "block_shift": "i32",
     }
     return {
         name: known[name] if not name.startswith("stride_") else "i64"
@@ -732,15 +776,17 @@ def _shared_constexprs(
 ) -> dict[str, int | float | bool]:
     quantized = cache_dtype == torch.int8
     return {
+        # The head size stays a compile-time value here: as a runtime one (masks on every load)
+        # the INT8 decode ran 7-11% slower on the H200 at head 80 and 128 (NOTES.md, session 5).
         "HEAD_SIZE": head_size,
         "HEAD_PAD": next_power_of_2(head_size),
-        "BLOCK_SIZE": block_size,
         "TILE_N": _TILE_N,
         "QUANTIZED": quantized,
         # Triton's interpreter multiplies bf16 tiles as raw integers; give it fp32 (exact here).
         "DOT_IN_FP32": target == "interpreter" and not quantized,
         # Page-by-page V loads when a page row is under a sector: INT8 at block 16 (1.58 ->
         # 1.28 ms at batch 64 / 32k on the H200); bf16 rows of 32 bytes ran 5% slower that way.
+        # The only block-size specialization: the kernels take the block size at run time.
         "V_PAGEWISE": block_size * (1 if quantized else 2) < 32,
     }
 
@@ -752,17 +798,18 @@ _RUNTIME_PARAMS = {
     "decode_attention": (
         "partial_acc_ptr partial_max_ptr partial_sum_ptr q_ptr k_ptr v_ptr k_scale_ptr "
         "v_scale_ptr block_table_ptr seq_lens_ptr softmax_scale softcap sliding_window "
-        "num_splits tiles_per_split group stride_q_t stride_q_h stride_k_b stride_k_h stride_v_b "
-        "stride_v_h stride_s_b stride_s_h stride_bt"
+        "num_splits tiles_per_split group query_bf16 block_size block_shift stride_q_t stride_q_h "
+        "stride_k_b stride_k_h stride_v_b stride_v_h stride_s_b stride_s_h stride_bt"
     ),
     "prefill_attention": (
         "out_ptr q_ptr k_ptr v_ptr k_scale_ptr v_scale_ptr block_table_ptr seq_lens_ptr "
         "cu_seqlens_q_ptr tile_seq_ptr tile_start_ptr softmax_scale softcap sliding_window group "
-        "block_q stride_q_t stride_q_h stride_o_t stride_o_h stride_k_b stride_k_h stride_v_b "
-        "stride_v_h stride_s_b stride_s_h stride_bt"
+        "block_q query_bf16 block_size block_shift stride_q_t stride_q_h stride_o_t stride_o_h "
+        "stride_k_b stride_k_h stride_v_b stride_v_h stride_s_b stride_s_h stride_bt"
     ),
     "reduce_splits": (
-        "out_ptr partial_acc_ptr partial_max_ptr partial_sum_ptr num_splits stride_o_t stride_o_h"
+        "out_ptr partial_acc_ptr partial_max_ptr partial_sum_ptr num_splits head_size stride_o_t "
+        "stride_o_h"
     ),
 }
 
@@ -836,7 +883,6 @@ def reduce_spec(
         _RUNTIME_PARAMS["reduce_splits"], model_dtype, model_dtype, out_dtype or model_dtype
     )
     constexprs: dict[str, int | float | bool] = {
-        "HEAD_SIZE": head_size,
         "HEAD_PAD": next_power_of_2(head_size),
         "SPLIT_TILE": _SPLIT_TILE,
     }
@@ -863,8 +909,9 @@ def aot_specs(
 ) -> list[KernelSpec]:
     """Decode attention, its split reducer and prefill attention for one model configuration.
 
-    Softcap, sliding window and the split count are runtime arguments, so these three kernels
-    serve every call of that configuration (output in the model dtype).
+    Softcap, sliding window, the split count, the GQA ratio and the block size are runtime
+    arguments (except INT8 at block 16, see V_PAGEWISE), as are the INT8 kernels' model dtype and
+    the reducer's head size; specs that come out equal are one compiled kernel.
     """
     check_target(target)
     geometry = {
@@ -887,6 +934,13 @@ def _scale_tensors(cache: PagedKVCache) -> tuple[torch.Tensor, torch.Tensor]:
     if cache.k_scale is None or cache.v_scale is None:
         return cache.k, cache.k
     return cache.k_scale, cache.v_scale
+
+
+def _kernel_operand(tensor: torch.Tensor, cache: PagedKVCache) -> torch.Tensor:
+    """A 16-bit query or output as the attention kernels take it: int16 bits for an INT8 cache."""
+    if cache.is_quantized and tensor.dtype in ACTIVATION_DTYPES:
+        return tensor.view(torch.int16)
+    return tensor
 
 
 def _index_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -980,7 +1034,7 @@ def decode_attention(
             partial_acc,
             partial_max,
             partial_sum,
-            query,
+            _kernel_operand(query, cache),
             cache.k,
             cache.v,
             k_scale,
@@ -993,6 +1047,9 @@ def decode_attention(
             splits,
             tiles_per_split,
             group,
+            int(query.dtype == torch.bfloat16),
+            cache.block_size,
+            cache.block_size.bit_length() - 1,
             query.stride(0),
             query.stride(1),
             cache.k.stride(0),
@@ -1021,6 +1078,7 @@ def decode_attention(
         partial_max,
         partial_sum,
         num_splits,
+        cache.head_size,
         result.stride(0),
         result.stride(1),
     )
@@ -1094,8 +1152,8 @@ def prefill_attention(
     launch(
         spec,
         (len(tile_seq), cache.num_kv_heads),
-        result,
-        query,
+        _kernel_operand(result, cache),
+        _kernel_operand(query, cache),
         cache.k,
         cache.v,
         k_scale,
@@ -1110,6 +1168,9 @@ def prefill_attention(
         sliding_window or 0,
         geometry["gqa"],
         block_q,
+        int(query.dtype == torch.bfloat16),
+        cache.block_size,
+        cache.block_size.bit_length() - 1,
         query.stride(0),
         query.stride(1),
         result.stride(0),
