@@ -35,8 +35,8 @@ VENDOR_TORCH = importlib.util.find_spec("torch") is not None
 VENV_PARAMS = ["--system-site-packages"] if VENDOR_TORCH else []
 
 # Test suites that spread over the cores (pytest-xdist): kvquant's interpreter-bound kernel tests
-# run one at a time on one core otherwise, and the flow tests' three modules, each with its own
-# Prefect server, spend most of their time waiting on workers. One module per process for those.
+# run one at a time on one core otherwise, and the flow tests' modules that start their own
+# Prefect server spend most of their time waiting on workers. One module per process for those.
 PARALLEL_TESTS = {
     "packages/kvquant/tests": ["-n", "auto"],
     "flows/tests": ["-n", "auto", "--dist", "loadfile"],

@@ -274,3 +274,24 @@ def test_empty_resource_diff_says_whether_there_was_a_previous_build(
     block = path.read_text().split("<!-- generated:kvquant-resource-diff begin -->\n")[1]
     assert block.startswith(sentence + "\n")
     assert "`run-1`" in block.split("generated:kvquant-resource-diff end")[0]
+
+
+def test_table_block_of_a_crashed_stage_shows_why_not_an_empty_table(
+    adr_dir: Path, tmp_path: Path
+) -> None:
+    reason = "kernels crashed: RuntimeError: out of disk"
+    crashed = replace(
+        make_record("kernels", status="failed", reason=reason, summary="crashed"), tables={}
+    )
+    results = tmp_path / "results"
+    write_record(results, crashed)
+    path = adr_dir / "0009-int8.md"
+    path.write_text(
+        "---\nlang: en\n---\n# 0009 INT8\n"
+        "<!-- generated:kvquant-resource-diff begin -->\n"
+        "<!-- generated:kvquant-resource-diff end -->\n"
+    )
+    update_adrs(adr_dir, results)
+    block = path.read_text().split("<!-- generated:kvquant-resource-diff begin -->\n")[1]
+    assert block.startswith(reason + "\n")
+    assert "No resource use changed" not in block

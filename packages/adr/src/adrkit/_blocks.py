@@ -379,7 +379,8 @@ def render_record_table(
     the record has (PNG artifacts, which the writer copies beside the ADRs).
 
     A table without rows shows the label `empty_key`, or `no_baseline_key` when the table says
-    there was no earlier result to compare against (`Table.baseline_found` is False).
+    there was no earlier result to compare against (`Table.baseline_found` is False). A record
+    without the table (its stage crashed first) shows its reason instead.
     """
 
     def render(records: Records, lang: str) -> str:
@@ -389,7 +390,9 @@ def render_record_table(
         if record.status == "skipped":
             return "\n\n".join([record.reason or record.summary, source_line(record, lang)])
         found: Table | None = record.tables.get(table)
-        if found is not None and found.rows:
+        if found is None and record.reason:  # the stage ended (crashed) before the table
+            body = record.reason
+        elif found is not None and found.rows:
             body = markdown_table(lang, found.columns, found.rows)
         elif found is not None and found.baseline_found is False and no_baseline_key:
             body = label(lang, no_baseline_key)
