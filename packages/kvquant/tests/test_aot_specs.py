@@ -16,7 +16,7 @@ import torch
 
 from kvquant._cache import SUPPORTED_BLOCK_SIZES as BLOCKS
 from kvquant._cache import SUPPORTED_HEAD_SIZES as SIZES
-from kvquant.ops import aot_specs
+from kvquant.ops import KernelSpec, aot_specs
 
 _COMPILE_ALL = """
 import json, sys, torch, triton
@@ -38,15 +38,21 @@ print(json.dumps(compiled))
 """
 
 
+def _specs(**overrides: object) -> list[KernelSpec]:
+    """``aot_specs`` of head 128, block 16, GQA 4, bf16 model, INT8 cache, gfx90a, but overrides."""
+    geometry: dict[str, object] = {
+        "head_size": 128,
+        "block_size": 16,
+        "gqa": 4,
+        "model_dtype": torch.bfloat16,
+        "cache_dtype": torch.int8,
+        "target": "hip",
+    }
+    return aot_specs(**(geometry | overrides))  # type: ignore[arg-type]
+
+
 def test_specs_cover_every_parameter() -> None:
-    specs = aot_specs(
-        head_size=128,
-        block_size=16,
-        gqa=4,
-        model_dtype=torch.bfloat16,
-        cache_dtype=torch.int8,
-        target="hip",
-    )
+    specs = _specs()
     names = [spec.name for spec in specs]
     assert names == ["decode_attention", "reduce_splits", "prefill_attention", "cache_write"]
     for spec in specs:
@@ -54,14 +60,7 @@ def test_specs_cover_every_parameter() -> None:
         assert constexpr_names == set(spec.constexprs)
     decode = specs[0]
     assert decode.signature["k_ptr"] == "*i8" and decode.signature["q_ptr"] == "*i16"
-    cuda = aot_specs(
-        head_size=128,
-        block_size=16,
-        gqa=4,
-        model_dtype=torch.bfloat16,
-        cache_dtype=torch.int8,
-        target="cuda",
-    )
+    cuda = _specs(target="cuda")
     # One code path on every target: no inline assembly, the same specializations.
     assert [spec.constexprs for spec in cuda] == [spec.constexprs for spec in specs]
     # Only the register cap differs: CUDA's INT8 decode is held to 128 (4 programs per SM).
@@ -80,13 +79,12 @@ def _compiled_variants(
     """What decides each kernel's compiled binary, by kernel name."""
     if cache_dtype != torch.int8:
         cache_dtype = model_dtype
-    specs = aot_specs(
+    specs = _specs(
         head_size=head_size,
         block_size=block_size,
         gqa=gqa,
         model_dtype=model_dtype,
         cache_dtype=cache_dtype,
-        target="hip",
     )
     return {
         spec.name: (spec.constexprs, spec.signature, spec.aligned, spec.num_stages)
@@ -140,14 +138,7 @@ def test_runtime_sizes_are_multiples_of_16_and_marked_so() -> None:
     """The JIT marks 16-divisible integers; the build must mark the same ones (and only them)."""
     assert all(size % 16 == 0 for size in (*SIZES, *BLOCKS))
     assert all(block & (block - 1) == 0 for block in BLOCKS)  # the cache write shifts
-    specs = aot_specs(
-        head_size=80,
-        block_size=32,
-        gqa=4,
-        model_dtype=torch.float16,
-        cache_dtype=torch.int8,
-        target="cuda",
-    )
+    specs = _specs(head_size=80, block_size=32, model_dtype=torch.float16, target="cuda")
     for spec in specs:
         for size in ("head_size", "block_size"):
             assert (size in spec.signature) == (size in spec.aligned), (spec.name, size)
@@ -158,14 +149,7 @@ def test_bad_target_is_one_line_error() -> None:
     from kvquant import InvalidInputError
 
     with pytest.raises(InvalidInputError, match=r"^`target`"):
-        aot_specs(
-            head_size=64,
-            block_size=16,
-            gqa=1,
-            model_dtype=torch.float16,
-            cache_dtype=torch.int8,
-            target="metal",
-        )
+        _specs(head_size=64, gqa=1, model_dtype=torch.float16, target="metal")
 
 
 def test_every_spec_compiles_for_sm90_and_gfx90a() -> None:

@@ -124,6 +124,12 @@ def check_target(target: str) -> None:
 _SIZES_OF_16 = ("head_size", "block_size")
 
 
+def page_shift(block_size: int) -> int:
+    """log2 of a block size (a power of two): kernels split positions into page and offset by
+    shifting, since a 64-bit division is a long routine on AMD GPUs."""
+    return block_size.bit_length() - 1
+
+
 def make_spec(
     name: str,
     kernel: Any,

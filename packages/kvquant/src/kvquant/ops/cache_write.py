@@ -25,6 +25,7 @@ from ._common import (
     launch,
     make_spec,
     next_power_of_2,
+    page_shift,
     pointer,
 )
 
@@ -86,7 +87,7 @@ def _cache_write_kernel(
     num_tokens,
     head_size,  # a multiple of 16, <= HEAD_PAD
     block_size,  # a power of two, >= 16
-    block_shift,  # log2(block_size): a 64-bit division is a long routine on AMD GPUs
+    block_shift,  # log2(block_size), see _common.page_shift
     stride_key_t: tl.int64,
     stride_key_h: tl.int64,
     stride_value_t: tl.int64,
@@ -115,8 +116,8 @@ def _cache_write_kernel(
     first_slot = tl.load(slot_mapping_ptr + token_tile * BLOCK_TOKENS)
     in_order = tl.sum((slots == first_slot + tl.arange(0, BLOCK_TOKENS)).to(tl.int32), axis=0)
     in_order = (in_order == BLOCK_TOKENS) & (first_slot >= 0) & (first_slot % BLOCK_TOKENS == 0)
+    # A tile of BLOCK_TOKENS (<= every block size) starting at a multiple of it stays in one page.
     in_order = in_order & ((token_tile + 1) * BLOCK_TOKENS <= num_tokens)
-    in_order = in_order & (block_size >= BLOCK_TOKENS)  # the tile stays within one page
 
     tokens64 = tokens.to(tl.int64)
     key = tl.load(
@@ -291,7 +292,7 @@ def cache_write(
         num_tokens,
         cache.head_size,
         cache.block_size,
-        cache.block_size.bit_length() - 1,
+        page_shift(cache.block_size),
         key.stride(0),
         key.stride(1),
         value.stride(0),
