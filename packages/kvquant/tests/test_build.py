@@ -23,6 +23,7 @@ from kvquant.build import (
     MatrixFileError,
     cdna2_waves_per_simd,
     diff_manifests,
+    format_report,
     load_matrix,
     parse_matrix,
     verify_cubin,
@@ -31,7 +32,7 @@ from kvquant.build import (
 from kvquant.ops._common import KernelSpec, make_spec
 
 
-@triton.jit  # type: ignore[untyped-decorator]  # a kernel is untyped by nature
+@triton.jit(do_not_specialize=["n"])  # type: ignore[untyped-decorator]  # untyped by nature
 def _scaled_copy_kernel(x_ptr, y_ptr, n, scale, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     values = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)
@@ -148,6 +149,10 @@ def test_warm_rebuild_comes_from_the_cache(builds: dict[str, Any]) -> None:
             old = (builds["root"] / "cold" / artifact["path"]).read_bytes()
             assert old == (builds["root"] / "warm" / after["artifacts"][kind]["path"]).read_bytes()
     assert warm["diff"] == []  # same resources
+    assert warm["compared_with"] == str(builds["root"] / "cold" / "manifest.json")
+    assert f"no resource use changed against {warm['compared_with']}" in format_report(warm)
+    assert cold["compared_with"] is None
+    assert "against" not in format_report(cold)  # nothing was compared: nothing said
 
 
 def test_cache_key_changes_with_the_specialization(builds: dict[str, Any]) -> None:

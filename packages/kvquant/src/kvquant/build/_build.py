@@ -235,8 +235,11 @@ def diff_manifests(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, A
     return rows
 
 
-def _read_previous(previous: Path) -> dict[str, Any]:
-    path = previous / "manifest.json" if previous.is_dir() else previous
+def _manifest_path(previous: Path) -> Path:
+    return previous / "manifest.json" if previous.is_dir() else previous
+
+
+def _read_previous(path: Path) -> dict[str, Any]:
     try:
         loaded: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError) as error:
@@ -259,13 +262,15 @@ def build(
     kernels are imported from here. A failing cell does not stop the others: it appears in
     ``failures`` and in the manifest with the compiler's message. Returns a JSON-able dict:
     manifest (path), cells (manifest entries), failures, gates, diff (against ``previous``, a
-    manifest.json or the directory holding one), elapsed_s and cached (cells taken from the
-    cache). Raises BuildError (or a subclass) when the build cannot run at all.
+    manifest.json or the directory holding one), compared_with (that manifest's path, or None),
+    elapsed_s and cached (cells taken from the cache). Raises BuildError (or a subclass) when
+    the build cannot run at all.
     """
     started = time.perf_counter()
     resolved = resolve_targets(list(targets) if targets is not None else ["gfx90a"])
     parsed = load_matrix(matrix)
-    old = _read_previous(Path(previous)) if previous is not None else None
+    previous_path = _manifest_path(Path(previous)) if previous is not None else None
+    old = _read_previous(previous_path) if previous_path is not None else None
     if jobs is not None and jobs < 1:
         raise BuildError(f"`jobs` is {jobs}; expected an integer >= 1")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
@@ -331,6 +336,7 @@ def build(
         "failures": [e for e in entries if e["status"] == "failed"],
         "gates": gates,
         "diff": diff,
+        "compared_with": str(previous_path) if previous_path is not None else None,
         "elapsed_s": round(time.perf_counter() - started, 3),
         "cached": cached,
     }

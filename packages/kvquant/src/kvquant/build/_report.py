@@ -45,5 +45,7 @@ def format_report(result: dict[str, Any], *, table: bool = False) -> str:
             f"  {d['target']} {_cell_name(d)} {d['field']}: {d['old']} -> {d['new']}"
             for d in result["diff"]
         ]
+    elif result.get("compared_with"):
+        lines.append(f"no resource use changed against {result['compared_with']}")
     lines.append(f"manifest: {result['manifest']}")
     return "\n".join(lines)
