@@ -13,10 +13,13 @@ import sys
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kvquant._cache import SUPPORTED_BLOCK_SIZES as BLOCKS
 from kvquant._cache import SUPPORTED_HEAD_SIZES as SIZES
 from kvquant.ops import KernelSpec, aot_specs
+from kvquant.ops._common import make_spec
 
 _COMPILE_ALL = """
 import json, sys, torch, triton
@@ -49,6 +52,26 @@ def _specs(**overrides: object) -> list[KernelSpec]:
         "target": "hip",
     }
     return aot_specs(**(geometry | overrides))  # type: ignore[arg-type]
+
+
+def test_jit_may_not_specialize_an_integer_the_build_compiles_as_a_runtime_value() -> None:
+    """A kernel whose plain integer argument the JIT could specialize (== 1, divisible by 16) is
+    refused: the JIT would compile variants the build does not, and compile them mid-serving."""
+    types = {"x_ptr": "*fp32", "n": "i32", "stride_x": "i64"}
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def specialized(x_ptr, n, stride_x):  # type: ignore[no-untyped-def]
+        tl.store(x_ptr + n * stride_x, 0.0)
+
+    with pytest.raises(AssertionError, match=r"\['n'\]"):
+        make_spec("specialized", specialized, types, {}, num_warps=1, num_stages=1)
+
+    @triton.jit(do_not_specialize=["n"])  # type: ignore[untyped-decorator]
+    def unspecialized(x_ptr, n, stride_x):  # type: ignore[no-untyped-def]
+        tl.store(x_ptr + n * stride_x, 0.0)
+
+    spec = make_spec("unspecialized", unspecialized, types, {}, num_warps=1, num_stages=1)
+    assert spec.aligned == ("x_ptr", "stride_x")
 
 
 def test_specs_cover_every_parameter() -> None:

@@ -146,6 +146,12 @@ def make_spec(
     Every pointer, every ``stride_*`` parameter and the cache's ``head_size`` and ``block_size``
     (every supported one is a multiple of 16) count as aligned (see `KernelSpec.aligned`) except
     those named in ``unaligned``: strides whose value callers choose freely.
+
+    Every other integer parameter must be in the kernel's ``do_not_specialize``. Triton's JIT
+    otherwise compiles a separate variant for an integer equal to 1 (a constant) or divisible by
+    16: variants the ahead-of-time build does not compile (so its resource report would not
+    describe what runs) and that a server would compile mid-run the first time a batch shape
+    produced such a value (one split, one tile per split, one token to write).
     """
     python_fn = getattr(kernel, "fn", kernel)  # JITFunction and the interpreter's wrapper
     params = [
@@ -162,9 +168,23 @@ def make_spec(
         if (kind.startswith("*") or name_.startswith("stride_") or name_ in _SIZES_OF_16)
         and name_ not in unaligned
     )
+    integers = {n for n, kind in signature.items() if kind in ("i32", "i64") and n not in aligned}
+    if integers != _not_specialized(kernel):
+        raise AssertionError(
+            f"{name}: do_not_specialize must name exactly the unaligned integer parameters "
+            f"{sorted(integers)}"
+        )
     return KernelSpec(
         name, kernel, signature, dict(constexprs), num_warps, num_stages, aligned, maxnreg
     )
+
+
+def _not_specialized(kernel: Any) -> set[str]:
+    """The parameters named in a kernel's do_not_specialize (JIT or interpreter wrapper)."""
+    names = getattr(kernel, "do_not_specialize", None)
+    if names is None:  # the interpreter keeps triton.jit's keyword arguments
+        names = getattr(kernel, "kwargs", {}).get("do_not_specialize") or ()
+    return set(names)
 
 
 def _launch_options(spec: KernelSpec) -> dict[str, int]:

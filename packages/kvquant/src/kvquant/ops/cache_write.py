@@ -72,7 +72,7 @@ def _quantize_rows(x):
     return codes, tl.where(bad, float("nan"), scale)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "block_shift"])
 def _cache_write_kernel(
     # Inputs
     key_ptr,  # [num_tokens, num_kv_heads, head_size] fp16/bf16

@@ -299,7 +299,17 @@ def _prepare_query(q, query_bf16, softmax_scale, softcap, QUANTIZED: tl.constexp
     return q, q_low, row_scale
 
 
-@triton.jit(do_not_specialize=["query_bf16"])
+@triton.jit(
+    do_not_specialize=[
+        "sliding_window",
+        "num_splits",
+        "tiles_per_split",
+        "group",
+        "query_bf16",
+        "block_shift",
+        "stride_bt",
+    ]
+)
 def _decode_kernel(
     # Outputs: unnormalised partial results of each split, combined by _reduce_splits_kernel
     partial_acc_ptr,  # [num_seqs, num_q_heads, num_splits, head_size] fp32
@@ -408,7 +418,16 @@ def _decode_kernel(
     )
 
 
-@triton.jit(do_not_specialize=["query_bf16"])
+@triton.jit(
+    do_not_specialize=[
+        "sliding_window",
+        "group",
+        "block_q",
+        "query_bf16",
+        "block_shift",
+        "stride_bt",
+    ]
+)
 def _prefill_kernel(
     # Outputs
     out_ptr,  # [total_q, num_q_heads, head_size] query dtype
@@ -527,7 +546,7 @@ def _prefill_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _reduce_splits_kernel(
     out_ptr,  # [num_seqs, num_q_heads, head_size] query dtype
     partial_acc_ptr,  # [num_seqs, num_q_heads, num_splits, head_size] fp32
