@@ -963,6 +963,11 @@ def _kernel_operand(tensor: torch.Tensor, cache: PagedKVCache) -> torch.Tensor:
     return tensor
 
 
+def _query_bf16(query: torch.Tensor) -> int:
+    """The INT8 kernels' runtime ``query_bf16``: how to read the int16 bits of query and output."""
+    return int(query.dtype == torch.bfloat16)
+
+
 def _index_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The kernels take int32 indices (the spec's signature); seq_lens may come as int64."""
     return tensor if tensor.dtype == torch.int32 else tensor.to(torch.int32)
@@ -1067,7 +1072,7 @@ def decode_attention(
             splits,
             tiles_per_split,
             group,
-            int(query.dtype == torch.bfloat16),
+            _query_bf16(query),
             cache.block_size,
             page_shift(cache.block_size),
             query.stride(0),
@@ -1188,7 +1193,7 @@ def prefill_attention(
         sliding_window or 0,
         geometry["gqa"],
         block_q,
-        int(query.dtype == torch.bfloat16),
+        _query_bf16(query),
         cache.block_size,
         page_shift(cache.block_size),
         query.stride(0),
