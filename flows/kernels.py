@@ -74,11 +74,11 @@ def _resource_rows(cells: list[dict[str, Any]]) -> list[list[Scalar]]:
     ]
 
 
-def kernels_record(
-    ctx: RunContext, started_at: str, result: dict[str, Any], previous: Path | None
-) -> Record:
-    """The stage's record of `result`, a build diffed against manifest `previous` (None: this
-    is the first build under the results root, so its empty diff compares nothing)."""
+def kernels_record(ctx: RunContext, started_at: str, result: dict[str, Any]) -> Record:
+    """The stage's record of `result`, a build diffed against the manifest it names in
+    `compared_with` (None: the first build under the results root, whose empty diff compares
+    nothing)."""
+    compared = result["compared_with"] is not None
     cells, failures = result["cells"], result["failures"]
     gates = [
         Gate.judge(g["name"], float(g["value"]), g["op"], float(g["threshold"]))
@@ -89,7 +89,7 @@ def kernels_record(
     targets = sorted({c["target"] for c in cells})
     changes = (
         f"{len(result['diff'])} resource changes"
-        if previous is not None
+        if compared
         else "no previous build to compare resource use against"
     )
     return build_record(
@@ -138,7 +138,7 @@ def kernels_record(
                     ]
                     for d in result["diff"]
                 ],
-                baseline_found=previous is not None,
+                baseline_found=compared,
             ),
         },
         gates=gates,
@@ -165,7 +165,7 @@ def kernels_stage(
         out,
         previous,
     )
-    record = kernels_record(ctx, started_at, result, previous)
+    record = kernels_record(ctx, started_at, result)
     write_record(ctx.results_root, record)
     publish(record, tables_markdown(record, "kvquant kernel build"), "resources")
     return record

@@ -33,7 +33,7 @@ def test_resource_diff_block_tells_a_first_build_from_an_unchanged_one(
             cache_dir=tmp_path / "build-cache",
         )
         # Through the JSON file, as the ADR writer reads it.
-        record = read_record(write_record(root, kernels_record(ctx, utc_now(), result, previous)))
+        record = read_record(write_record(root, kernels_record(ctx, utc_now(), result)))
         blocks.append(render_block("kvquant-resource-diff", {STAGE: record}, "en"))
         summaries.append(record.summary)
 
