@@ -159,25 +159,30 @@ def sweep() -> None:
     }
     shape_names = " ".join(f"{f'{b}/{c // 1024}k ms':>10}" for b, c in SWEEP_SHAPES)
     print(
-        f"{'cache':>8} {'tile':>4} {'warps':>5} {'stages':>6} {'maxnreg':>7} "
+        f"{'cache':>8} {'tile B':>6} {'tile':>4} {'warps':>5} {'stages':>6} "
         f"{shape_names} {'64/32k GB/s':>11}"
     )
-    settings = [(128, 4, 2, 128), (128, 4, 3, 128), (128, 4, 2, None), (64, 4, 3, 128)]
-    cells = [(torch.int8, *setting) for setting in settings]
-    cells.append((MODEL_DTYPE, 128, 4, 3, None))
-    for dtype, tile, warps, stages, maxnreg in cells:
-        paged_attention._TILE_N = tile
-        paged_attention._NUM_WARPS = warps
-        paged_attention._NUM_STAGES = paged_attention._NUM_STAGES_INT8 = stages
-        paged_attention._DECODE_MAXNREG_INT8 = maxnreg
+    # (per-thread K/V tile budget in bytes, stages); 256 bytes and 3 stages are the chosen ones.
+    settings = [(256, 3), (256, 2), (128, 3), (512, 3), (512, 2)]
+    cells = [(dtype, *setting) for dtype in (torch.int8, MODEL_DTYPE) for setting in settings]
+    for dtype, tile_bytes, stages in cells:
+        paged_attention._DECODE_TILE_BYTES = tile_bytes
+        paged_attention._DECODE_STAGES = stages
         paged_attention.clear_spec_caches()
+        spec = paged_attention.decode_spec(
+            head_size=HEAD_SIZE,
+            block_size=BLOCK_SIZE,
+            gqa=NUM_Q_HEADS // NUM_KV_HEADS,
+            model_dtype=MODEL_DTYPE,
+            cache_dtype=dtype,
+            target="cuda",
+        )
         times = [graph_ms(setups[dtype, shape].run) for shape in SWEEP_SHAPES]
         gbs = kv_bytes(*SWEEP_SHAPES[-1], dtype) / times[-1] / 1e6
         name = str(dtype).removeprefix("torch.")
         print(
-            f"{name:>8} {tile:>4} {warps:>5} {stages:>6} {maxnreg or '-':>7} "
-            + " ".join(f"{t:>10.3f}" for t in times)
-            + f" {gbs:>11.0f}",
+            f"{name:>8} {tile_bytes:>6} {spec.constexprs['TILE_N']:>4} {spec.num_warps:>5} "
+            f"{stages:>6} " + " ".join(f"{t:>10.3f}" for t in times) + f" {gbs:>11.0f}",
             flush=True,
         )
 

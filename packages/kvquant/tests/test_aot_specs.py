@@ -84,15 +84,19 @@ def test_specs_cover_every_parameter() -> None:
     decode = specs[0]
     assert decode.signature["k_ptr"] == "*i8" and decode.signature["q_ptr"] == "*i16"
     cuda = _specs(target="cuda")
-    # One code path on every target: no inline assembly, the same specializations.
-    assert [spec.constexprs for spec in cuda] == [spec.constexprs for spec in specs]
-    # Only the register cap differs: CUDA's INT8 decode is held to 128 (4 programs per SM).
-    assert [spec.maxnreg for spec in cuda] == [128, None, None, None]
-    assert [spec.maxnreg for spec in specs] == [None] * 4
+    # One code path on every target; only the decode's launch shape differs: on CUDA one warp
+    # owns a program, with a 64-key tile and 8 query-head columns (the n8 integer MMA); gfx90a's
+    # MFMA needs 16 columns, and it keeps 4 warps.
+    assert [spec.constexprs for spec in cuda[1:]] == [spec.constexprs for spec in specs[1:]]
+    differs = {k for k, v in cuda[0].constexprs.items() if decode.constexprs[k] != v}
+    assert differs == {"GROUP_PAD", "TILE_N"}
+    assert (cuda[0].constexprs["TILE_N"], cuda[0].constexprs["GROUP_PAD"]) == (64, 8)
+    assert (cuda[0].num_warps, decode.num_warps) == (1, 4)
 
 
 def _compiled_variants(
     *,
+    target: str = "hip",
     head_size: int = 128,
     block_size: int = 16,
     gqa: int = 4,
@@ -108,19 +112,23 @@ def _compiled_variants(
         gqa=gqa,
         model_dtype=model_dtype,
         cache_dtype=cache_dtype,
+        target=target,
     )
     return {
-        spec.name: (spec.constexprs, spec.signature, spec.aligned, spec.num_stages)
+        spec.name: (spec.constexprs, spec.signature, spec.aligned, spec.num_warps, spec.num_stages)
         for spec in specs
     }
 
 
-def test_one_compiled_variant_serves_every_gqa_ratio_up_to_16() -> None:
-    """The group is a runtime argument: GQA 1, 4, 8 and 16 share every spec (one build cell)."""
+def test_one_compiled_variant_serves_every_gqa_ratio_up_to_the_decode_columns() -> None:
+    """The group is a runtime argument: the ratios that pad to the decode's query-head columns
+    share every spec (one build cell). gfx90a: 16 columns; CUDA: 8 (the n8 integer MMA)."""
     one, four, eight, sixteen = (_compiled_variants(gqa=g) for g in (1, 4, 8, 16))
     assert one == four == eight == sixteen
-    # Past 16 the query rows of one kv head no longer fit the decode tile: a wider variant.
     assert _compiled_variants(gqa=32)["decode_attention"] != sixteen["decode_attention"]
+    one, four, eight, sixteen = (_compiled_variants(gqa=g, target="cuda") for g in (1, 4, 8, 16))
+    assert one == four == eight
+    assert {k for k in eight if eight[k] != sixteen[k]} == {"decode_attention"}
 
 
 def test_reducer_and_cache_write_serve_head_sizes_that_pad_alike() -> None:

@@ -125,7 +125,6 @@ def _cell(
         "constexprs": dict(spec.constexprs),
         "num_warps": warps,
         "num_stages": stages,
-        "maxnreg": spec.maxnreg,
         "aligned": list(spec.aligned),
     }
     source_hash = hashlib.sha256(kernel.cache_key.encode()).hexdigest()
@@ -147,7 +146,6 @@ def _cell(
             "constexprs": dict(spec.constexprs),
             "num_warps": warps,
             "num_stages": stages,
-            "maxnreg": spec.maxnreg,
             "aligned": list(spec.aligned),
             "target": target.name,
             "entry": str(cache / "cells" / key[:2] / key),

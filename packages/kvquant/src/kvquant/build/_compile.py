@@ -58,8 +58,6 @@ def _compile(task: dict[str, Any], target: Target) -> Any:
         fn=kernel, signature=task["signature"], constexprs=task["constexprs"], attrs=attrs
     )
     options = {"num_warps": task["num_warps"], "num_stages": task["num_stages"]}
-    if task.get("maxnreg") is not None:
-        options["maxnreg"] = task["maxnreg"]
     with warnings.catch_warnings():
         # Triton 3.9 warns once per process that FP fusion defaults to on; the runtime launch
         # compiles with the same default, so the build keeps it and silences the notice.

@@ -24,7 +24,7 @@ def aot_specs(
     """All kernels for one configuration: decode attention, its reducer, prefill, cache write.
 
     Args:
-        target: "cuda" or "hip"; "hip" never selects NVIDIA-only code (the inline-PTX convert).
+        target: "cuda" or "hip".
     """
     specs: list[KernelSpec] = []
     for module in (paged_attention, cache_write):

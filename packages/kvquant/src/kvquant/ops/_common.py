@@ -84,7 +84,6 @@ class KernelSpec:
             ...), "constexpr" for constexpr parameters.
         constexprs: the value of every constexpr parameter.
         num_warps, num_stages: launch options.
-        maxnreg: register cap per thread (CUDA only), or None for the compiler's choice.
         aligned: the runtime parameters the JIT sees as multiples of 16 on every launch (pointers
             to torch allocations, strides made of head and block sizes). An ahead-of-time build
             must pass them as ``tt.divisibility=16``, as the JIT does, or loads lose their width.
@@ -97,7 +96,6 @@ class KernelSpec:
     num_warps: int
     num_stages: int
     aligned: tuple[str, ...] = ()
-    maxnreg: int | None = None
 
 
 def pointer(dtype: torch.dtype) -> str:
@@ -139,7 +137,6 @@ def make_spec(
     num_warps: int,
     num_stages: int,
     unaligned: tuple[str, ...] = (),
-    maxnreg: int | None = None,
 ) -> KernelSpec:
     """Build a spec whose signature lists ``kernel``'s parameters in order; checks completeness.
 
@@ -174,9 +171,7 @@ def make_spec(
             f"{name}: do_not_specialize must name exactly the unaligned integer parameters "
             f"{sorted(integers)}"
         )
-    return KernelSpec(
-        name, kernel, signature, dict(constexprs), num_warps, num_stages, aligned, maxnreg
-    )
+    return KernelSpec(name, kernel, signature, dict(constexprs), num_warps, num_stages, aligned)
 
 
 def _not_specialized(kernel: Any) -> set[str]:
@@ -187,16 +182,11 @@ def _not_specialized(kernel: Any) -> set[str]:
     return set(names)
 
 
-def _launch_options(spec: KernelSpec) -> dict[str, int]:
-    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
-    if spec.maxnreg is not None:
-        options["maxnreg"] = spec.maxnreg
-    return options
-
-
 def launch(spec: KernelSpec, grid: tuple[int, ...], *args: object) -> None:
     """Launch ``spec.kernel`` with the runtime ``args`` in order and the spec's constexprs."""
-    spec.kernel[grid](*args, **spec.constexprs, **_launch_options(spec))
+    spec.kernel[grid](
+        *args, **spec.constexprs, num_warps=spec.num_warps, num_stages=spec.num_stages
+    )
 
 
 def resident_programs(spec: KernelSpec, grid: tuple[int, ...], *args: object) -> int:
@@ -206,7 +196,9 @@ def resident_programs(spec: KernelSpec, grid: tuple[int, ...], *args: object) ->
     allocated per warp in blocks of 256, shared memory per block with 1 KiB reserved. HIP: the
     CDNA2 formula of ``kvquant.build`` on the kernel's VGPRs and LDS.
     """
-    kernel = spec.kernel.warmup(*args, grid=grid, **spec.constexprs, **_launch_options(spec))
+    kernel = spec.kernel.warmup(
+        *args, grid=grid, **spec.constexprs, num_warps=spec.num_warps, num_stages=spec.num_stages
+    )
     # The register count comes from the driver when the binary is loaded, which Triton defers to
     # the first launch; load it now (Triton 3.6 and 3.9 name the step `_init_handles`).
     kernel._init_handles()

@@ -1,21 +1,25 @@
 """Paged attention over the INT8 (or 16-bit) cache: decode with split-KV, and varlen prefill.
 
-Two kernels share one tile loop (``_attend_tiles``). A program owns one kv head and a tile of
-query rows: all query heads that share the kv head (decode), times a block of query tokens
-(prefill), so each K/V byte is loaded once per tile. It walks KV tiles of TILE_N tokens with an
-online softmax. A decode program covers one split of its sequence's tiles and writes an
+Two kernels share one tile loader (``_load_tile``). A program owns one kv head and all query
+heads that share it (decode), times a block of query tokens (prefill), so each K/V byte is loaded
+once per tile. It walks KV tiles of TILE_N tokens with an online softmax. Prefill puts its query
+rows along the dots' M dimension (``_attend_tiles``); decode has only the group's few query heads,
+so it puts the keys there and the query heads along N (``_decode_tiles``), and on CUDA one warp
+owns a program. A decode program covers one split of its sequence's tiles and writes an
 unnormalised partial result; ``_reduce_splits_kernel`` combines them (flash-decoding). Split
 count, GQA ratio, softcap and sliding window are runtime arguments, so one compiled variant per
-head size, block size and dtypes serves every call and every GQA ratio up to 16 (``aot_specs``).
+head size, block size and dtypes serves every call and every GQA ratio that pads alike
+(``aot_specs``).
 
 INT8 specifics (why they are done this way):
 - Both dots run on int8 codes with int32 accumulation, exact: no code is converted to a float
   inside the loop (converting them cost 10% on the H200, NOTES.md). Each query row is scaled to
   [-127, 127] and split into two int8 tiles, hi + lo / 254 (14 bits, finer than fp16); so is P,
-  which lies in [0, 1] after its columns are multiplied by their V scale over the tile's largest.
-- K scales multiply score columns; V scales multiply P columns, and the tile's largest V scale
-  multiplies the dot's [rows, head] result. int8 cannot carry NaN: a key whose V scale is not
-  finite gets a NaN K scale instead, which reaches exactly the rows that see it.
+  which lies in [0, 1] after each key's entries are multiplied by its V scale over the tile's
+  largest.
+- K scales multiply the scores of their key, V scales P's entries of their key, and the tile's
+  largest V scale the PV dot's result. int8 cannot carry NaN: a key whose V scale is not finite
+  gets a NaN K scale instead, which reaches exactly the query heads that see it.
 - The 16-bit path multiplies in the cache dtype; only under the interpreter (DOT_IN_FP32) are
   the 16-bit operands widened to fp32, because it mishandles bf16 dots.
 """
@@ -59,9 +63,20 @@ _LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 # every block size, except INT8 at block 16, whose V loads go page by page (V_PAGEWISE).
 _PAGE_RUN: tl.constexpr = tl.constexpr(16)
 
-# Tokens per KV tile; a multiple of every block size. 128 beat 64 by 20-30% in the H200 sweep
-# (NOTES.md).
-_TILE_N = 128
+# Decode launch shape on CUDA and under the interpreter (`_decode_shape`): one warp per program
+# where its state fits, so no barrier crosses warps inside the tile loop. Budgets per lane, from
+# ahead-of-time sm_90 builds of every head size, GQA and dtype (NOTES.md, session 7): a warp's
+# share of the K tile (TILE_N x head bytes / warps) within _DECODE_TILE_BYTES, of the fp32
+# accumulator [head, query-head columns] within _DECODE_ACC_ELEMENTS (a second warp takes half
+# of a larger one); past either, ptxas spills.
+_DECODE_TILE_BYTES = 256
+_DECODE_ACC_ELEMENTS = 32
+# The tile stays within what was timed: 128 keys on one warp ran 5-13% slower than 64 (INT8, head
+# 128, batch 16 / 8k to 64 / 32k); 32 keeps two 16-key page runs per tile.
+_DECODE_TILE_N_MIN = 32
+_DECODE_TILE_N_MAX = 64
+# HIP keeps the 4-warp, 128-token layout (not timed on a gfx90a).
+_DECODE_TILE_N_HIP = 128
 # Query rows (query tokens x query heads of one kv head) per prefill program.
 _PREFILL_ROWS = 64
 # Prefill KV tile and pipeline stages (CUDA), from the H200 `--prefill` sweep (NOTES.md, session
@@ -78,32 +93,137 @@ _PREFILL_STAGES = 2
 _SPLIT_OVERHEAD_TILES = 2
 # Slots assumed under the interpreter (no device to ask); small, so CPU tests still split.
 _INTERPRETER_SLOTS = 64
-# Warps and pipeline stages of the attention kernels, from the benchmark's --sweep on the H200
-# (NOTES.md, version 2): 4 warps beat 8 by 40-70%; INT8 decode ran 15% faster with 2 stages
-# than 3 (1.632 vs 1.916 ms, batch 64 / 32k), the 16-bit one within 1% either way.
+# Warps of the prefill kernel and of the HIP decode, from the benchmark's --sweep on the H200
+# (NOTES.md, version 2): 4 warps beat 8 by 40-70%.
 _NUM_WARPS = 4
-_NUM_STAGES = 3
-_NUM_STAGES_INT8 = 2
+# Decode pipeline stages on CUDA. With one warp per program, 3 beat 2 (H200, INT8, batch 16 / 8k
+# 86 against 105 us, 64 / 32k 1.036 against 1.051 ms; bf16 within 1%; NOTES.md, session 7).
+_DECODE_STAGES = 3
 # On HIP (gfx90a) the attention kernels take no software pipelining: CDNA hides latency with
 # waves per SIMD, and the pipeliner's extra buffers cost registers. Ahead-of-time build for
 # gfx90a, head 128, INT8 decode: 256 VGPRs + 47 AGPRs, 1 wave per SIMD at 3 stages; 132 VGPRs, 3
 # waves at 1 stage. INT8 prefill: 1 VGPR spilled at 3 stages, none at 1 (NOTES.md, session 3).
 # Chosen on resource use; not timed on a gfx90a (none is reachable from this project).
 _NUM_STAGES_HIP = 1
-# Register cap of the INT8 decode on CUDA: 128 lets 4 programs share an SM. Triton 3.6 takes 144
-# otherwise (3 programs); the cap made batch 64 / 32k 7% faster on the H200 (1.191 vs 1.281 ms,
-# NOTES.md). Triton 3.9 allocates 128 unasked.
-_DECODE_MAXNREG_INT8: int | None = 128
 # Splits the reducer combines per step; the split count itself is a runtime argument.
 _SPLIT_TILE = 16
 
 
 @triton.jit
+def _load_tile(
+    tile,
+    first_key,
+    last_key,
+    k_ptr,
+    v_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    block_table_row,  # pointer to this sequence's block-table row
+    head_k,  # kv head times its stride in K, V and the scales (int64)
+    head_v,
+    head_s,
+    block_size,
+    block_shift,  # log2(block_size)
+    stride_k_b,
+    stride_v_b,
+    stride_s_b,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+    V_PAGEWISE: tl.constexpr,
+):
+    """KV tile ``tile``: (keys, key_valid, K [N, D], V [D, N], K scales, V scales, finite V).
+
+    Addressing: one page of one kv head is contiguous (K [block_size, HEAD], V^T [HEAD,
+    block_size]), so a token's address is its page's base plus a 32-bit in-page offset. The page
+    base is constant over each run of _PAGE_RUN keys and a multiple of 16 (every cache stride is,
+    block_size >= 16): the hints let both tiles load as 16-byte vectors. Loads are unmasked over
+    whole pages (a key past the end reads its page's stale slot, or page 0 for a page past the
+    end); callers remove keys that are not valid from scores, P and (16-bit) V. INT8: V scales
+    of keys that are not valid are 0; a key whose V scale is not finite gets a NaN K scale.
+    16-bit: the scales are zeros, never read.
+    """
+    dims = tl.arange(0, HEAD_PAD)
+    dim_valid = dims < HEAD_SIZE
+    keys = tile * TILE_N + tl.arange(0, TILE_N)  # [N]
+    key_valid = (keys >= first_key) & (keys <= last_key)
+    if V_PAGEWISE:  # block_size == _PAGE_RUN; constant arithmetic keeps its decode 1-2% faster
+        page_index = keys // _PAGE_RUN
+        slot = keys % _PAGE_RUN
+    else:
+        page_index = keys >> block_shift
+        slot = keys & (block_size - 1)
+        slot = tl.max_contiguous(tl.multiple_of(slot, _PAGE_RUN), _PAGE_RUN)
+    page = tl.load(block_table_row + page_index, mask=keys <= last_key, other=0)
+    page = page.to(tl.int64)
+    k_base = tl.multiple_of(tl.max_constancy(page * stride_k_b + head_k, _PAGE_RUN), 16)
+    # K tile [N, D], token-major.
+    k_offsets = k_base[:, None] + (slot * HEAD_SIZE)[:, None] + dims[None, :]
+    if V_PAGEWISE:
+        # block_size == _PAGE_RUN. A page row of V (one dim, 16 keys) is under a 32-byte
+        # sector. Loaded as [D, N], each thread of a quarter-warp would read a different page
+        # and every sector would be fetched twice; loaded page by page, [PAGES, D, 16],
+        # consecutive threads read consecutive rows of one page. Then viewed as [D, N].
+        tile_pages = tile * (TILE_N // _PAGE_RUN) + tl.arange(0, TILE_N // _PAGE_RUN)
+        v_page = tl.load(
+            block_table_row + tile_pages, mask=tile_pages * _PAGE_RUN <= last_key, other=0
+        )
+        v_base = tl.multiple_of(v_page.to(tl.int64) * stride_v_b + head_v, 16)
+        v_offsets = (
+            v_base[:, None, None]
+            + (dims * _PAGE_RUN)[None, :, None]
+            + tl.arange(0, _PAGE_RUN)[None, None, :]
+        )
+    else:
+        # V tile [D, N], transposed within the page.
+        v_base = tl.multiple_of(tl.max_constancy(page * stride_v_b + head_v, _PAGE_RUN), 16)
+        v_offsets = v_base[None, :] + (dims * block_size)[:, None] + slot[None, :]
+    if HEAD_SIZE == HEAD_PAD:
+        k = tl.load(k_ptr + k_offsets)
+    else:  # padded dims would read the next token's bytes, or past the cache's end
+        k = tl.load(k_ptr + k_offsets, mask=dim_valid[None, :], other=0)
+    if V_PAGEWISE:
+        v = tl.load(v_ptr + v_offsets, mask=dim_valid[None, :, None], other=0)
+        v = tl.reshape(tl.permute(v, (1, 0, 2)), [HEAD_PAD, TILE_N])
+    else:
+        v = tl.load(v_ptr + v_offsets, mask=dim_valid[:, None], other=0)
+    if QUANTIZED:
+        s_base = tl.multiple_of(tl.max_constancy(page * stride_s_b + head_s, _PAGE_RUN), 16)
+        k_scale = tl.load(k_scale_ptr + s_base + slot)
+        # Stale scales of masked keys may be anything, inf included: zero them.
+        v_scale = tl.where(key_valid, tl.load(v_scale_ptr + s_base + slot), 0.0)
+        # A non-finite V scale (poisoned token) cannot reach the int8 P tile; it makes the
+        # key's scores NaN instead, so exactly the rows that see the token turn NaN.
+        finite_v = v_scale - v_scale == 0.0
+        k_scale = tl.where(finite_v, k_scale, float("nan"))
+    else:
+        k_scale = tl.zeros([TILE_N], tl.float32)
+        v_scale = k_scale
+        finite_v = key_valid
+    return keys, key_valid, k, v, k_scale, v_scale, finite_v
+
+
+@triton.jit
+def _softcap(scores, softcap):
+    """softcap * tanh(scores / softcap) in log2 units, tanh through exp2 so large |s| saturate."""
+    two_x = scores * (2.0 * _LOG2E / softcap)
+    return softcap * (1.0 - 2.0 / (tl.exp2(two_x) + 1.0)) * _LOG2E
+
+
+@triton.jit
+def _v_weights(v_scale, finite_v):
+    """INT8 P tile: each key's V scale over the tile's largest finite one, x127; that largest."""
+    tile_v_max = tl.maximum(tl.max(tl.where(finite_v, v_scale, 0.0), axis=0), 1e-6)
+    return tl.where(finite_v, v_scale * (127.0 / tile_v_max), 0.0), tile_v_max
+
+
+@triton.jit
 def _attend_tiles(
-    q,  # [ROWS, HEAD_PAD] high int8 part (INT8 cache), else fp16 (INT8) or the cache dtype
-    q_low,  # [ROWS, HEAD_PAD] low int8 part (INT8_DOT); unused otherwise
+    q,  # [ROWS, HEAD_PAD] high int8 part (INT8 cache), else the cache dtype
+    q_low,  # [ROWS, HEAD_PAD] low int8 part (INT8 cache); unused otherwise
     score_scale,  # [ROWS] softmax scale (times log2(e) unless softcap) and the query's scale
-    row_pos,  # [ROWS] key position of each row's query token (prefill's causal mask)
+    row_pos,  # [ROWS] key position of each row's query token (the causal mask)
     tile_lo,
     tile_hi,
     first_key,
@@ -115,7 +235,7 @@ def _attend_tiles(
     block_table_row,  # pointer to this sequence's block-table row
     kv_head,
     softcap,  # > 0: logits become softcap * tanh(logits / softcap)
-    sliding_window,  # > 0: prefill rows see only their newest sliding_window keys
+    sliding_window,  # > 0: rows see only their newest sliding_window keys
     block_size,
     block_shift,  # log2(block_size)
     stride_k_b,
@@ -128,22 +248,14 @@ def _attend_tiles(
     HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     TILE_N: tl.constexpr,
-    IS_DECODE: tl.constexpr,
     QUANTIZED: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     V_PAGEWISE: tl.constexpr,
 ):
-    """Online softmax over KV tiles [tile_lo, tile_hi); returns (acc, running max, running sum).
+    """Prefill: online softmax over KV tiles [tile_lo, tile_hi); returns (acc, max, sum).
 
-    Addressing: one page of one kv head is contiguous (K [block_size, HEAD], V^T [HEAD,
-    block_size]), so a token's address is its page's base plus a 32-bit in-page offset. The page
-    base is constant over each run of _PAGE_RUN keys and a multiple of 16 (every cache stride is,
-    block_size >= 16): the hints let both tiles load as 16-byte vectors. Loads are unmasked over
-    whole pages (a key past the end reads its page's stale slot, or page 0 for a page past the
-    end); those keys are masked out of the scores, P and (16-bit) V afterwards.
+    Query rows along the dots' M dimension: scores [ROWS, N], accumulator [ROWS, HEAD_PAD].
     """
-    dims = tl.arange(0, HEAD_PAD)
-    dim_valid = dims < HEAD_SIZE
     running_max = tl.full([ROWS], float("-inf"), tl.float32)
     running_sum = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, HEAD_PAD], tl.float32)
@@ -151,59 +263,32 @@ def _attend_tiles(
     head_v = kv_head.to(tl.int64) * stride_v_h
     head_s = kv_head.to(tl.int64) * stride_s_h
     for tile in range(tile_lo, tile_hi):
-        keys = tile * TILE_N + tl.arange(0, TILE_N)  # [N]
-        key_valid = (keys >= first_key) & (keys <= last_key)
-        if V_PAGEWISE:  # block_size == _PAGE_RUN; constant arithmetic keeps its decode 1-2% faster
-            page_index = keys // _PAGE_RUN
-            slot = keys % _PAGE_RUN
-        else:
-            page_index = keys >> block_shift
-            slot = keys & (block_size - 1)
-            slot = tl.max_contiguous(tl.multiple_of(slot, _PAGE_RUN), _PAGE_RUN)
-        page = tl.load(block_table_row + page_index, mask=keys <= last_key, other=0)
-        page = page.to(tl.int64)
-        k_base = tl.multiple_of(tl.max_constancy(page * stride_k_b + head_k, _PAGE_RUN), 16)
-        # K tile [N, D], token-major.
-        k_offsets = k_base[:, None] + (slot * HEAD_SIZE)[:, None] + dims[None, :]
-        if V_PAGEWISE:
-            # block_size == _PAGE_RUN. A page row of V (one dim, 16 keys) is under a 32-byte
-            # sector. Loaded as [D, N], each thread of a quarter-warp would read a different page
-            # and every sector would be fetched twice; loaded page by page, [PAGES, D, 16],
-            # consecutive threads read consecutive rows of one page. Then viewed as [D, N].
-            tile_pages = tile * (TILE_N // _PAGE_RUN) + tl.arange(0, TILE_N // _PAGE_RUN)
-            v_page = tl.load(
-                block_table_row + tile_pages, mask=tile_pages * _PAGE_RUN <= last_key, other=0
-            )
-            v_base = tl.multiple_of(v_page.to(tl.int64) * stride_v_b + head_v, 16)
-            v_offsets = (
-                v_base[:, None, None]
-                + (dims * _PAGE_RUN)[None, :, None]
-                + tl.arange(0, _PAGE_RUN)[None, None, :]
-            )
-        else:
-            # V tile [D, N], transposed within the page.
-            v_base = tl.multiple_of(tl.max_constancy(page * stride_v_b + head_v, _PAGE_RUN), 16)
-            v_offsets = v_base[None, :] + (dims * block_size)[:, None] + slot[None, :]
-        if HEAD_SIZE == HEAD_PAD:
-            k = tl.load(k_ptr + k_offsets)
-        else:  # padded dims would read the next token's bytes, or past the cache's end
-            k = tl.load(k_ptr + k_offsets, mask=dim_valid[None, :], other=0)
-        if V_PAGEWISE:
-            v = tl.load(v_ptr + v_offsets, mask=dim_valid[None, :, None], other=0)
-            v = tl.reshape(tl.permute(v, (1, 0, 2)), [HEAD_PAD, TILE_N])
-        else:
-            v = tl.load(v_ptr + v_offsets, mask=dim_valid[:, None], other=0)
+        keys, key_valid, k, v, k_scale, v_scale, finite_v = _load_tile(
+            tile,
+            first_key,
+            last_key,
+            k_ptr,
+            v_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            block_table_row,
+            head_k,
+            head_v,
+            head_s,
+            block_size,
+            block_shift,
+            stride_k_b,
+            stride_v_b,
+            stride_s_b,
+            HEAD_SIZE,
+            HEAD_PAD,
+            TILE_N,
+            QUANTIZED,
+            V_PAGEWISE,
+        )
         if QUANTIZED:
-            s_base = tl.multiple_of(tl.max_constancy(page * stride_s_b + head_s, _PAGE_RUN), 16)
-            k_scale = tl.load(k_scale_ptr + s_base + slot)
-            # Stale scales of masked keys may be anything, inf included: zero them.
-            v_scale = tl.where(key_valid, tl.load(v_scale_ptr + s_base + slot), 0.0)
-            # A non-finite V scale (poisoned token) cannot reach the int8 P tile; it makes the
-            # key's scores NaN instead, so exactly the rows that see the token turn NaN.
-            finite_v = v_scale - v_scale == 0.0
-            k_scale = tl.where(finite_v, k_scale, float("nan"))
             k_t = tl.trans(k)
-            qk = tl.dot(q, k_t) * 254 + tl.dot(q_low, k_t)  # exact in int32
+            qk = tl.dot(q_low, k_t, tl.dot(q, k_t) * 254, out_dtype=tl.int32)  # exact in int32
             scores = qk.to(tl.float32) * score_scale[:, None] * k_scale[None, :]
         elif DOT_IN_FP32:
             scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -211,15 +296,10 @@ def _attend_tiles(
         else:
             scores = tl.dot(q, tl.trans(k)) * score_scale[:, None]
         if softcap > 0:
-            # softcap * tanh(s / softcap), tanh through exp2 so large |s| saturates cleanly.
-            two_x = scores * (2.0 * _LOG2E / softcap)
-            scores = softcap * (1.0 - 2.0 / (tl.exp2(two_x) + 1.0)) * _LOG2E
-        if IS_DECODE:
-            visible = key_valid[None, :]
-        else:
-            visible = key_valid[None, :] & (keys[None, :] <= row_pos[:, None])
-            if sliding_window > 0:
-                visible &= keys[None, :] > row_pos[:, None] - sliding_window
+            scores = _softcap(scores, softcap)
+        visible = key_valid[None, :] & (keys[None, :] <= row_pos[:, None])
+        if sliding_window > 0:
+            visible &= keys[None, :] > row_pos[:, None] - sliding_window
         scores = tl.where(visible, scores, float("-inf"))
 
         # ---- Online softmax (log2 units); a row with nothing visible yet keeps max -inf ----
@@ -230,15 +310,13 @@ def _attend_tiles(
         running_max = new_max
         running_sum = running_sum * correction + tl.sum(p, axis=1)
         if QUANTIZED:
-            # P in [0, 1] goes to the dot as two int8 tiles, each column times its V scale over
-            # the tile's largest finite one, which multiplies the [rows, head] result instead.
-            tile_v_max = tl.maximum(tl.max(tl.where(finite_v, v_scale, 0.0), axis=0), 1e-6)
-            column_scale = tl.where(finite_v, v_scale * (127.0 / tile_v_max), 0.0)
-            p_hi, p_lo = _split_to_int8(p * column_scale[None, :])
+            # P in [0, 1] goes to the dot as two int8 tiles, each column times its V weight;
+            # the tile's largest V scale multiplies the [rows, head] result instead.
+            v_weight, tile_v_max = _v_weights(v_scale, finite_v)
+            p_hi, p_lo = _split_to_int8(p * v_weight[None, :])
             v_t = tl.trans(v)
-            pv = tl.dot(p_hi, v_t) * 254 + tl.dot(p_lo, v_t)  # exact in int32
-            pv_scale = tile_v_max / (127.0 * 254.0)
-            acc = acc * correction[:, None] + pv.to(tl.float32) * pv_scale
+            pv = tl.dot(p_lo, v_t, tl.dot(p_hi, v_t) * 254, out_dtype=tl.int32)  # exact in int32
+            acc = acc * correction[:, None] + pv.to(tl.float32) * (tile_v_max / (127.0 * 254.0))
         else:
             v = tl.where(key_valid[None, :], v, 0.0)  # stale slots may hold NaN/inf
             p = p.to(v.dtype)
@@ -248,6 +326,111 @@ def _attend_tiles(
                 acc = acc * correction[:, None] + pv
             else:
                 acc = acc * correction[:, None] + tl.dot(p, tl.trans(v))
+    return acc, running_max, running_sum
+
+
+@triton.jit
+def _decode_tiles(
+    q_t,  # [HEAD_PAD, COLS] high int8 part (INT8 cache), else the cache dtype
+    q_low_t,  # [HEAD_PAD, COLS] low int8 part (INT8 cache); unused otherwise
+    score_scale,  # [COLS] softmax scale (times log2(e) unless softcap) and the query's scale
+    tile_lo,
+    tile_hi,
+    first_key,
+    last_key,
+    k_ptr,
+    v_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    block_table_row,  # pointer to this sequence's block-table row
+    kv_head,
+    softcap,  # > 0: logits become softcap * tanh(logits / softcap)
+    block_size,
+    block_shift,  # log2(block_size)
+    stride_k_b,
+    stride_k_h,
+    stride_v_b,
+    stride_v_h,
+    stride_s_b,
+    stride_s_h,
+    COLS: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    V_PAGEWISE: tl.constexpr,
+):
+    """Decode: online softmax over KV tiles [tile_lo, tile_hi); returns (acc, max, sum).
+
+    Transposed against prefill: keys along the dots' M dimension and the group's query heads
+    along N, scores [N, COLS], accumulator [HEAD_PAD, COLS]. A group of 4 then pads the MMA's
+    8 columns, not its 16 rows: half the tensor-core work and half the accumulator registers,
+    which is what lets one warp own a whole program (NOTES.md, session 7).
+    """
+    running_max = tl.full([COLS], float("-inf"), tl.float32)
+    running_sum = tl.zeros([COLS], tl.float32)
+    acc = tl.zeros([HEAD_PAD, COLS], tl.float32)
+    head_k = kv_head.to(tl.int64) * stride_k_h
+    head_v = kv_head.to(tl.int64) * stride_v_h
+    head_s = kv_head.to(tl.int64) * stride_s_h
+    for tile in range(tile_lo, tile_hi):
+        _, key_valid, k, v, k_scale, v_scale, finite_v = _load_tile(
+            tile,
+            first_key,
+            last_key,
+            k_ptr,
+            v_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            block_table_row,
+            head_k,
+            head_v,
+            head_s,
+            block_size,
+            block_shift,
+            stride_k_b,
+            stride_v_b,
+            stride_s_b,
+            HEAD_SIZE,
+            HEAD_PAD,
+            TILE_N,
+            QUANTIZED,
+            V_PAGEWISE,
+        )
+        if QUANTIZED:
+            qk = tl.dot(k, q_low_t, tl.dot(k, q_t) * 254, out_dtype=tl.int32)  # exact in int32
+            scores = qk.to(tl.float32) * k_scale[:, None] * score_scale[None, :]
+        elif DOT_IN_FP32:
+            scores = tl.dot(k.to(tl.float32), q_t.to(tl.float32), input_precision="ieee")
+            scores = scores * score_scale[None, :]
+        else:
+            scores = tl.dot(k, q_t) * score_scale[None, :]
+        if softcap > 0:
+            scores = _softcap(scores, softcap)
+        scores = tl.where(key_valid[:, None], scores, float("-inf"))
+
+        # ---- Online softmax (log2 units); a column with nothing visible yet keeps max -inf ----
+        new_max = tl.maximum(running_max, tl.max(scores, axis=0))
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        correction = tl.exp2(running_max - safe_max)
+        p = tl.exp2(scores - safe_max[None, :])
+        running_max = new_max
+        running_sum = running_sum * correction + tl.sum(p, axis=0)
+        if QUANTIZED:
+            v_weight, tile_v_max = _v_weights(v_scale, finite_v)
+            p_hi, p_lo = _split_to_int8(p * v_weight[:, None])
+            pv = tl.dot(v, p_lo, tl.dot(v, p_hi) * 254, out_dtype=tl.int32)  # exact in int32
+            acc = acc * correction[None, :] + pv.to(tl.float32) * (tile_v_max / (127.0 * 254.0))
+        else:
+            v = tl.where(key_valid[None, :], v, 0.0)  # stale slots may hold NaN/inf
+            p = p.to(v.dtype)
+            if DOT_IN_FP32:
+                # Rounded to the cache dtype first, as on the GPU path, then multiplied exactly.
+                pv = tl.dot(v.to(tl.float32), p.to(tl.float32), input_precision="ieee")
+                acc = acc * correction[None, :] + pv
+            else:
+                acc = acc * correction[None, :] + tl.dot(v, p)
     return acc, running_max, running_sum
 
 
@@ -357,7 +540,7 @@ def _decode_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    rows = tl.arange(0, GROUP_PAD)  # query heads of this kv head, padded for tl.dot
+    rows = tl.arange(0, GROUP_PAD)  # query heads of this kv head, padded for tl.dot's N
     row_head = kv_head * group + rows
     row_valid = rows < group
     dims = tl.arange(0, HEAD_PAD)
@@ -372,11 +555,10 @@ def _decode_kernel(
     first_key = tl.where(sliding_window > 0, tl.maximum(seq_len - sliding_window, 0), 0)
     tile_lo = first_key // TILE_N + split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, last_key // TILE_N + 1)
-    acc, running_max, running_sum = _attend_tiles(
-        q,
-        q_low,
+    acc, running_max, running_sum = _decode_tiles(
+        tl.trans(q),
+        tl.trans(q_low),
         score_scale,
-        rows,
         tile_lo,
         tile_hi,
         first_key,
@@ -388,7 +570,6 @@ def _decode_kernel(
         block_table_ptr + seq.to(tl.int64) * stride_bt,
         kv_head,
         softcap,
-        sliding_window,
         block_size,
         block_shift,
         stride_k_b,
@@ -401,7 +582,6 @@ def _decode_kernel(
         HEAD_SIZE,
         HEAD_PAD,
         TILE_N,
-        True,
         QUANTIZED,
         DOT_IN_FP32,
         V_PAGEWISE,
@@ -412,9 +592,9 @@ def _decode_kernel(
     tl.store(partial_max_ptr + stat_offsets, running_max, mask=row_valid)
     tl.store(partial_sum_ptr + stat_offsets, running_sum, mask=row_valid)
     tl.store(
-        partial_acc_ptr + stat_offsets[:, None] * HEAD_SIZE + dims[None, :],
+        partial_acc_ptr + stat_offsets[None, :] * HEAD_SIZE + dims[:, None],
         acc,
-        mask=row_valid[:, None] & dim_valid[None, :],
+        mask=dim_valid[:, None] & row_valid[None, :],
     )
 
 
@@ -527,7 +707,6 @@ def _prefill_kernel(
         HEAD_SIZE,
         HEAD_PAD,
         TILE_N,
-        False,
         QUANTIZED,
         DOT_IN_FP32,
         V_PAGEWISE,
@@ -635,7 +814,6 @@ def _device_slots(
         tuple(sorted(spec.constexprs.items())),
         spec.num_warps,
         spec.num_stages,
-        spec.maxnreg,
         device.index,
     )
     if key not in _decode_slots:
@@ -769,10 +947,8 @@ def _attention_types(
 # 3.9, GQA 8, block 16) the 16-bit kernel needs 295,424 bytes at 3 stages and 294,912 at 2, past
 # the H200's 232,448 (the H200 run of `kvquant check --full` failed with the first figure);
 # 1 stage needs 98,304. INT8 at 3 stages needs 230,912, too close to the limit to keep.
-def _decode_stages(cache_dtype: torch.dtype, target: str) -> int:
-    if target == "hip":
-        return _NUM_STAGES_HIP
-    return _NUM_STAGES_INT8 if cache_dtype == torch.int8 else _NUM_STAGES
+def _decode_stages(target: str) -> int:
+    return _NUM_STAGES_HIP if target == "hip" else _DECODE_STAGES
 
 
 def _prefill_stages(head_size: int, target: str) -> int:
@@ -781,9 +957,22 @@ def _prefill_stages(head_size: int, target: str) -> int:
     return _PREFILL_STAGES
 
 
-def _decode_rows(gqa: int) -> int:
-    """Decode query rows: the group padded to a power of two, at least 16 for tl.dot."""
-    return max(next_power_of_2(gqa), 16)
+def _decode_shape(
+    constexprs: dict[str, int | float | bool], cache_dtype: torch.dtype, target: str
+) -> tuple[int, int]:
+    """(KV tile, warps) of a decode program; see _DECODE_TILE_BYTES."""
+    if target == "hip":
+        return _DECODE_TILE_N_HIP, _NUM_WARPS
+    head_pad, columns = int(constexprs["HEAD_PAD"]), int(constexprs["GROUP_PAD"])
+    num_warps = min(max(head_pad * columns // (_DECODE_ACC_ELEMENTS * 32), 1), 2)
+    tile_n = _DECODE_TILE_BYTES * 32 // (head_pad * cache_dtype.itemsize) // num_warps
+    return min(max(tile_n, _DECODE_TILE_N_MIN), _DECODE_TILE_N_MAX), num_warps
+
+
+def _decode_columns(gqa: int, target: str) -> int:
+    """Decode query heads, the dots' N: the group padded to a power of two, at least the
+    narrowest integer MMA (n8 on CUDA; gfx90a's MFMA takes 16, narrower falls back to FMA)."""
+    return max(next_power_of_2(gqa), 16 if target == "hip" else 8)
 
 
 def _prefill_rows(gqa: int) -> int:
@@ -800,7 +989,6 @@ def _shared_constexprs(
         # the INT8 decode ran 7-11% slower on the H200 at head 80 and 128 (NOTES.md, session 5).
         "HEAD_SIZE": head_size,
         "HEAD_PAD": next_power_of_2(head_size),
-        "TILE_N": _TILE_N,
         "QUANTIZED": quantized,
         # Triton's interpreter multiplies bf16 tiles as raw integers; give it fp32 (exact here).
         "DOT_IN_FP32": target == "interpreter" and not quantized,
@@ -849,7 +1037,9 @@ def decode_spec(
     Cached: launches call it every time. Tuning sweeps that change the module's constants call
     ``clear_spec_caches()``."""
     constexprs = _shared_constexprs(head_size, block_size, cache_dtype, target)
-    constexprs["GROUP_PAD"] = _decode_rows(gqa)
+    constexprs["GROUP_PAD"] = _decode_columns(gqa, target)
+    tile_n, num_warps = _decode_shape(constexprs, cache_dtype, target)
+    constexprs["TILE_N"] = tile_n
     types = _attention_types(
         _RUNTIME_PARAMS["decode_attention"], model_dtype, cache_dtype, model_dtype
     )
@@ -858,10 +1048,9 @@ def decode_spec(
         _decode_kernel,
         types,
         constexprs,
-        num_warps=_NUM_WARPS,
-        num_stages=_decode_stages(cache_dtype, target),
+        num_warps=num_warps,
+        num_stages=_decode_stages(target),
         unaligned=_FREE_STRIDES,
-        maxnreg=_DECODE_MAXNREG_INT8 if cache_dtype == torch.int8 and target == "cuda" else None,
     )
 
 
@@ -1035,10 +1224,11 @@ def decode_attention(
         return result
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
-    span = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window + _TILE_N)
-    num_tiles = max(triton.cdiv(span, _TILE_N), 1)
     geometry = _geometry(query, cache)
     decode = decode_spec(**geometry)
+    tile_n = int(decode.constexprs["TILE_N"])
+    span = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window + tile_n)
+    num_tiles = max(triton.cdiv(span, tile_n), 1)
     reduce = reduce_spec(head_size=cache.head_size, model_dtype=query.dtype, out_dtype=result.dtype)
     num_q_heads = query.shape[1]
     group = num_q_heads // cache.num_kv_heads
