@@ -151,24 +151,17 @@ SWEEP_SHAPES = ((16, 8192), (16, 32768), (64, 32768))
 
 
 def sweep() -> None:
-    """Time INT8 and bf16 decode for launch settings around the chosen one."""
+    """Time INT8 and bf16 decode for launch shapes around the chosen one (first of each cache)."""
     setups = {
         (dtype, shape): DecodeSetup(*shape, dtype)
         for dtype in (torch.int8, MODEL_DTYPE)
         for shape in SWEEP_SHAPES
     }
     shape_names = " ".join(f"{f'{b}/{c // 1024}k ms':>10}" for b, c in SWEEP_SHAPES)
-    print(
-        f"{'cache':>8} {'tile B':>6} {'tile':>4} {'warps':>5} {'stages':>6} "
-        f"{shape_names} {'64/32k GB/s':>11}"
-    )
-    # (per-thread K/V tile budget in bytes, stages); 256 bytes and 3 stages are the chosen ones.
-    settings = [(256, 3), (256, 2), (128, 3), (512, 3), (512, 2)]
-    cells = [(dtype, *setting) for dtype in (torch.int8, MODEL_DTYPE) for setting in settings]
-    for dtype, tile_bytes, stages in cells:
-        paged_attention._DECODE_TILE_BYTES = tile_bytes
-        paged_attention._DECODE_STAGES = stages
-        paged_attention.clear_spec_caches()
+    print(f"{'cache':>8} {'tile':>4} {'warps':>5} {'stages':>6} {shape_names} {'64/32k GB/s':>11}")
+    chosen_shape = paged_attention._decode_shape
+    chosen_stages = paged_attention._DECODE_STAGES
+    for dtype in (torch.int8, MODEL_DTYPE):
         spec = paged_attention.decode_spec(
             head_size=HEAD_SIZE,
             block_size=BLOCK_SIZE,
@@ -177,14 +170,30 @@ def sweep() -> None:
             cache_dtype=dtype,
             target="cuda",
         )
-        times = [graph_ms(setups[dtype, shape].run) for shape in SWEEP_SHAPES]
-        gbs = kv_bytes(*SWEEP_SHAPES[-1], dtype) / times[-1] / 1e6
-        name = str(dtype).removeprefix("torch.")
-        print(
-            f"{name:>8} {tile_bytes:>6} {spec.constexprs['TILE_N']:>4} {spec.num_warps:>5} "
-            f"{stages:>6} " + " ".join(f"{t:>10.3f}" for t in times) + f" {gbs:>11.0f}",
-            flush=True,
-        )
+        tile, warps = int(spec.constexprs["TILE_N"]), spec.num_warps
+        settings = [
+            (tile, warps, chosen_stages),
+            (tile, warps, chosen_stages - 1),
+            (tile // 2, warps, chosen_stages),
+            (tile * 2, warps, chosen_stages),
+            (tile, warps * 2, chosen_stages),
+        ]
+        for tile_n, num_warps, stages in settings:
+            paged_attention._decode_shape = lambda *_, shape=(tile_n, num_warps): shape
+            paged_attention._DECODE_STAGES = stages
+            paged_attention.clear_spec_caches()
+            times = [graph_ms(setups[dtype, shape].run) for shape in SWEEP_SHAPES]
+            gbs = kv_bytes(*SWEEP_SHAPES[-1], dtype) / times[-1] / 1e6
+            name = str(dtype).removeprefix("torch.")
+            print(
+                f"{name:>8} {tile_n:>4} {num_warps:>5} {stages:>6} "
+                + " ".join(f"{t:>10.3f}" for t in times)
+                + f" {gbs:>11.0f}",
+                flush=True,
+            )
+        paged_attention._decode_shape = chosen_shape
+        paged_attention._DECODE_STAGES = chosen_stages
+        paged_attention.clear_spec_caches()
 
 
 # Shapes of the split-count sweep: the rows of the table under the 3.8 TB/s target.
