@@ -64,16 +64,15 @@ _LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 _PAGE_RUN: tl.constexpr = tl.constexpr(16)
 
 # Decode launch shape on CUDA and under the interpreter (`_decode_shape`): one warp per program
-# where its state fits, so no barrier crosses warps inside the tile loop. Budgets per lane, from
-# ahead-of-time sm_90 builds of every head size, GQA and dtype (NOTES.md, session 7): a warp's
-# share of the K tile (TILE_N x head bytes / warps) within _DECODE_TILE_BYTES, of the fp32
-# accumulator [head, query-head columns] within _DECODE_ACC_ELEMENTS (a second warp takes half
-# of a larger one); past either, ptxas spills.
-_DECODE_TILE_BYTES = 256
+# where its state fits, so no barrier crosses warps inside the tile loop. A second warp comes in
+# when the fp32 accumulator [head, query-head columns] passes _DECODE_ACC_ELEMENTS per lane of one
+# warp (16 columns, or head 256). The K tile of a program holds _DECODE_TILE_BYTES[cache bytes]
+# per lane of one warp, half that on two warps, within 16 keys per warp and _DECODE_TILE_N_MAX.
+# Measured on the H200 at head 128 (NOTES.md, session 7): INT8 64 keys against 32 and 128 took
+# 0.086 against 0.107 and 0.104 ms at 16/8k; bf16 16 keys against 32 and 64 took 1.92 against
+# 2.01 and 2.02 ms at 64/32k. Every head size, GQA and dtype then builds for sm_90 without spills.
 _DECODE_ACC_ELEMENTS = 32
-# The tile stays within what was timed: 128 keys on one warp ran 5-13% slower than 64 (INT8, head
-# 128, batch 16 / 8k to 64 / 32k); 32 keeps two 16-key page runs per tile.
-_DECODE_TILE_N_MIN = 32
+_DECODE_TILE_BYTES = {1: 256, 2: 128}
 _DECODE_TILE_N_MAX = 64
 # HIP keeps the 4-warp, 128-token layout (not timed on a gfx90a).
 _DECODE_TILE_N_HIP = 128
@@ -212,6 +211,20 @@ def _softcap(scores, softcap):
 
 
 @triton.jit
+def _softmax_step(scores, running_max, running_sum, KEY_AXIS: tl.constexpr):
+    """One tile of the online softmax, in log2 units, keys along KEY_AXIS of ``scores``.
+
+    Returns (P, the factor for the accumulator so far, new running max, new running sum). A query
+    that has seen no visible key yet keeps max -inf, and its P is 0.
+    """
+    new_max = tl.maximum(running_max, tl.max(scores, axis=KEY_AXIS))
+    safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+    correction = tl.exp2(running_max - safe_max)
+    p = tl.exp2(scores - tl.expand_dims(safe_max, KEY_AXIS))
+    return p, correction, new_max, running_sum * correction + tl.sum(p, axis=KEY_AXIS)
+
+
+@triton.jit
 def _v_weights(v_scale, finite_v):
     """INT8 P tile: each key's V scale over the tile's largest finite one, x127; that largest."""
     tile_v_max = tl.maximum(tl.max(tl.where(finite_v, v_scale, 0.0), axis=0), 1e-6)
@@ -302,13 +315,7 @@ def _attend_tiles(
             visible &= keys[None, :] > row_pos[:, None] - sliding_window
         scores = tl.where(visible, scores, float("-inf"))
 
-        # ---- Online softmax (log2 units); a row with nothing visible yet keeps max -inf ----
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-        correction = tl.exp2(running_max - safe_max)
-        p = tl.exp2(scores - safe_max[:, None])
-        running_max = new_max
-        running_sum = running_sum * correction + tl.sum(p, axis=1)
+        p, correction, running_max, running_sum = _softmax_step(scores, running_max, running_sum, 1)
         if QUANTIZED:
             # P in [0, 1] goes to the dot as two int8 tiles, each column times its V weight;
             # the tile's largest V scale multiplies the [rows, head] result instead.
@@ -410,13 +417,7 @@ def _decode_tiles(
             scores = _softcap(scores, softcap)
         scores = tl.where(key_valid[:, None], scores, float("-inf"))
 
-        # ---- Online softmax (log2 units); a column with nothing visible yet keeps max -inf ----
-        new_max = tl.maximum(running_max, tl.max(scores, axis=0))
-        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-        correction = tl.exp2(running_max - safe_max)
-        p = tl.exp2(scores - safe_max[None, :])
-        running_max = new_max
-        running_sum = running_sum * correction + tl.sum(p, axis=0)
+        p, correction, running_max, running_sum = _softmax_step(scores, running_max, running_sum, 0)
         if QUANTIZED:
             v_weight, tile_v_max = _v_weights(v_scale, finite_v)
             p_hi, p_lo = _split_to_int8(p * v_weight[:, None])
@@ -965,8 +966,9 @@ def _decode_shape(
         return _DECODE_TILE_N_HIP, _NUM_WARPS
     head_pad, columns = int(constexprs["HEAD_PAD"]), int(constexprs["GROUP_PAD"])
     num_warps = min(max(head_pad * columns // (_DECODE_ACC_ELEMENTS * 32), 1), 2)
-    tile_n = _DECODE_TILE_BYTES * 32 // (head_pad * cache_dtype.itemsize) // num_warps
-    return min(max(tile_n, _DECODE_TILE_N_MIN), _DECODE_TILE_N_MAX), num_warps
+    lane_bytes = _DECODE_TILE_BYTES[cache_dtype.itemsize]
+    tile_n = lane_bytes * 32 // (head_pad * cache_dtype.itemsize) // num_warps
+    return min(max(tile_n, _PAGE_RUN.value * num_warps), _DECODE_TILE_N_MAX), num_warps
 
 
 def _decode_columns(gqa: int, target: str) -> int:
