@@ -62,7 +62,7 @@ def _resource_rows(cells: list[dict[str, Any]]) -> list[list[Scalar]]:
             cache,
             len(group),
             sum(c["status"] != "ok" for c in group),
-            worst(group, "vgprs"),
+            registers(group),
             worst(group, "agprs"),
             worst(group, "sgprs"),
             worst(group, "lds_bytes"),

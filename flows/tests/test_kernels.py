@@ -44,3 +44,20 @@ def test_resource_diff_block_tells_a_first_build_from_an_unchanged_one(
     assert "no previous build to compare resource use against" in summaries[0]
     assert second.startswith(NO_CHANGE)
     assert summaries[1].endswith("; 0 resource changes")
+
+
+def test_resource_table_gives_nvidia_registers_in_the_vgpr_column(
+    tmp_path: Path, tiny_kernel_matrix: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The column reads "VGPRs, NVIDIA: registers": an sm_90 row carries its register count."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    ctx = RunContext("run-1", tmp_path / "results")
+    result = build(
+        ["sm90"], tiny_kernel_matrix, out=ctx.stage_dir(STAGE), cache_dir=tmp_path / "cache"
+    )
+    table = kernels_record(ctx, utc_now(), result).tables["resources"]
+    column = table.columns.index("vgprs")
+    registers = {row[1]: row[column] for row in table.rows}
+    assert registers, "the build produced no rows"
+    for kernel, count in registers.items():
+        assert isinstance(count, int) and 0 < count <= 255, (kernel, count)
