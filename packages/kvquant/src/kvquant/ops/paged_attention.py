@@ -944,14 +944,14 @@ def _attention_types(
     }
 
 
-# Prefill at head 256 runs out of shared memory when pipelined. On sm_90 (AOT compile, Triton
-# 3.9, GQA 8, block 16) the 16-bit kernel needs 295,424 bytes at 3 stages and 294,912 at 2, past
-# the H200's 232,448 (the H200 run of `kvquant check --full` failed with the first figure);
-# 1 stage needs 98,304. INT8 at 3 stages needs 230,912, too close to the limit to keep.
 def _decode_stages(target: str) -> int:
     return _NUM_STAGES_HIP if target == "hip" else _DECODE_STAGES
 
 
+# Prefill at head 256 runs out of shared memory when pipelined. On sm_90 (AOT compile, Triton
+# 3.9, GQA 8, block 16) the 16-bit kernel needs 295,424 bytes at 3 stages and 294,912 at 2, past
+# the H200's 232,448 (the H200 run of `kvquant check --full` failed with the first figure);
+# 1 stage needs 98,304. INT8 at 3 stages needs 230,912, too close to the limit to keep.
 def _prefill_stages(head_size: int, target: str) -> int:
     if target == "hip" or next_power_of_2(head_size) >= 256:
         return 1
