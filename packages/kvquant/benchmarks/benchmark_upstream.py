@@ -1,0 +1,246 @@
+"""Side by side on one GPU: our decode against upstream vLLM's Triton attention, INT8 and bf16.
+
+Run where a vLLM with the `int8_per_token_head` cache (0.32 or newer) is importable:
+  python benchmarks/benchmark_upstream.py [--device cpu]
+
+Upstream is called as its TRITON_ATTN backend calls it for a decode step: `unified_attention` on
+the cache as the backend views it (the K and V halves of each 2 * head_size + 8 byte record, the
+scales as strided fp32 views into the records), its split-KV path with 16 segments up to
+`128 // num_kv_heads` sequences and its single-pass path above. Both INT8 decodes read the same
+data: upstream's records are `to_upstream_layout` of our cache. Before timing, each shape checks
+that the two INT8 outputs agree (relative L2, "rel diff"; both kernels compute attention over the
+same dequantized values, upstream rounding P to bf16).
+
+Shapes and timing are benchmark_paged_attention.py's: bf16 model, 32 query heads, 8 kv heads, head
+size 128, block size 16, every sequence at the full context. "single": one decode per replay of a
+CUDA graph (graph_ms), so both sides pay the same graph launch; "in graph": per call of a graph of
+GRAPH_CALLS decodes, each over its own caches, as a decode runs inside a model's graph.
+`--device cpu` runs one small shape through Triton's interpreter (TRITON_INTERPRET=1, fp16 model)
+and only compares the outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import os
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+from benchmark_paged_attention import (
+    BATCHES,
+    BLOCK_SIZE,
+    CONTEXTS,
+    GRAPH_CALLS,
+    HEAD_SIZE,
+    MODEL_DTYPE,
+    NUM_KV_HEADS,
+    NUM_Q_HEADS,
+    graph_ms,
+    kv_bytes,
+)
+
+from kvquant import allocate_cache, decode_attention, to_upstream_layout
+
+# The backend's constants (vllm/v1/attention/backends/triton_attn.py): the split-KV path serves
+# up to MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads sequences, with this many segments.
+MIN_LAUNCH_GRID_SIZE_2D = 128
+NUM_PAR_SOFTMAX_SEGMENTS = 16
+SCALE = HEAD_SIZE**-0.5
+CPU_SHAPE = (3, 100)  # batch, context: a partial last page, three sequences
+# Triton's interpreter computes upstream's bf16 dots wrongly (outputs near 1e9 with Triton 3.9; our
+# kernels take fp32 dots there for the same reason), so the CPU comparison runs an fp16 model.
+CPU_MODEL_DTYPE = torch.float16
+
+
+def upstream_modules() -> tuple[ModuleType, Any]:
+    """vLLM's unified attention module and its KVQuantMode enum; exits with one line if absent."""
+    try:
+        attention = importlib.import_module("vllm.v1.attention.ops.triton_unified_attention")
+        modes = importlib.import_module("vllm.v1.kv_cache_interface").KVQuantMode
+        modes.INT8_PER_TOKEN_HEAD  # noqa: B018 (absent before the INT8 cache existed)
+    except (ImportError, AttributeError) as error:
+        sys.exit(f"benchmark_upstream: needs vLLM with the int8_per_token_head cache ({error})")
+    return attention, modes
+
+
+class SideBySide:
+    """One shape's inputs for both implementations; the INT8 data is shared."""
+
+    def __init__(
+        self, batch: int, context: int, device: str, model_dtype: torch.dtype = MODEL_DTYPE
+    ) -> None:
+        pages_per_seq = -(-context // BLOCK_SIZE)
+        num_blocks = batch * pages_per_seq
+        self.cache = allocate_cache(
+            num_blocks, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, torch.int8, device
+        )
+        assert self.cache.k_scale is not None and self.cache.v_scale is not None
+        self.cache.pages.random_(-128, 128)
+        self.cache.k_scale.uniform_(0.005, 0.02)
+        self.cache.v_scale.uniform_(0.005, 0.02)
+        # Upstream's cache: [blocks, block_size, kv heads, record], K codes | K scale | V codes |
+        # V scale per record, viewed as the backend views it.
+        self.records = to_upstream_layout(self.cache)
+        half = self.records.shape[-1] // 2
+        self.upstream_k, self.upstream_v = self.records.split(half, dim=-1)
+        floats = self.records.view(torch.float32)  # a record is 4-byte aligned: 2 * half
+        self.upstream_k_scale = floats[..., HEAD_SIZE // 4]
+        self.upstream_v_scale = floats[..., (half + HEAD_SIZE) // 4]
+        # Upstream's 16-bit cache, for its bf16 decode (timed only; random data).
+        kv16 = torch.randn(
+            num_blocks, BLOCK_SIZE, NUM_KV_HEADS, 2 * HEAD_SIZE, dtype=model_dtype, device=device
+        )
+        self.upstream_k16, self.upstream_v16 = kv16.split(HEAD_SIZE, dim=-1)
+
+        order = torch.randperm(num_blocks, device=device)
+        self.block_table = order.view(batch, pages_per_seq).to(torch.int32)
+        self.seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+        self.query = torch.randn(batch, NUM_Q_HEADS, HEAD_SIZE, dtype=model_dtype, device=device)
+        self.cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=device)
+        self.ones = torch.ones(1, dtype=torch.float32, device=device).expand(batch, NUM_KV_HEADS)
+        self.context = context
+        self.ours_out = torch.empty_like(self.query)
+        self.upstream_out = torch.empty_like(self.query)
+        # The backend's split-KV scratch, sized as it sizes it.
+        self.threshold_3d = MIN_LAUNCH_GRID_SIZE_2D // NUM_KV_HEADS
+        rows = self.threshold_3d
+        self.segm_output = torch.empty(
+            rows, NUM_Q_HEADS, NUM_PAR_SOFTMAX_SEGMENTS, HEAD_SIZE, device=device
+        )
+        self.segm_max = torch.empty(rows, NUM_Q_HEADS, NUM_PAR_SOFTMAX_SEGMENTS, device=device)
+        self.segm_expsum = torch.empty_like(self.segm_max)
+
+    def ours(self) -> None:
+        decode_attention(
+            self.query,
+            self.cache,
+            self.block_table,
+            self.seq_lens,
+            SCALE,
+            out=self.ours_out,
+            max_seq_len=self.context,
+            validate=False,
+        )
+
+    def upstream(self, attention: ModuleType, modes: Any, *, int8: bool) -> Callable[[], None]:
+        k, v = (
+            (self.upstream_k, self.upstream_v) if int8 else (self.upstream_k16, self.upstream_v16)
+        )
+        per_token_head = (
+            {
+                "kv_quant_mode": modes.INT8_PER_TOKEN_HEAD,
+                "k_scale_cache": self.upstream_k_scale,
+                "v_scale_cache": self.upstream_v_scale,
+            }
+            if int8
+            else {}
+        )
+        descales = (None, None) if int8 else (self.ones, self.ones)
+
+        def call() -> None:
+            attention.unified_attention(
+                q=self.query,
+                k=k,
+                v=v,
+                out=self.upstream_out,
+                cu_seqlens_q=self.cu_seqlens_q,
+                max_seqlen_q=1,
+                seqused_k=self.seq_lens,
+                max_seqlen_k=self.context,
+                softmax_scale=SCALE,
+                causal=True,
+                window_size=(-1, -1),
+                block_table=self.block_table,
+                softcap=0.0,
+                q_descale=None,
+                k_descale=descales[0],
+                v_descale=descales[1],
+                seq_threshold_3D=self.threshold_3d,
+                num_par_softmax_segments=NUM_PAR_SOFTMAX_SEGMENTS,
+                softmax_segm_output=self.segm_output,
+                softmax_segm_max=self.segm_max,
+                softmax_segm_expsum=self.segm_expsum,
+                **per_token_head,
+            )
+
+        return call
+
+    def rel_diff(self, attention: ModuleType, modes: Any) -> float:
+        """Relative L2 between the two INT8 decodes' outputs on this shape's shared data."""
+        self.ours_out.fill_(float("nan"))
+        self.upstream_out.fill_(float("nan"))
+        self.ours()
+        self.upstream(attention, modes, int8=True)()
+        ours, theirs = self.ours_out.float(), self.upstream_out.float()
+        return float((ours - theirs).norm() / theirs.norm())
+
+
+def times_ms(shapes: list[SideBySide], attention: ModuleType, modes: Any) -> list[float]:
+    """ms per call of ours, upstream INT8 and upstream bf16, each captured over ``shapes``."""
+    return [
+        graph_ms(*(shape.ours for shape in shapes)),
+        graph_ms(*(shape.upstream(attention, modes, int8=True) for shape in shapes)),
+        graph_ms(*(shape.upstream(attention, modes, int8=False) for shape in shapes)),
+    ]
+
+
+def table(attention: ModuleType, modes: Any) -> None:
+    print(
+        "single: one decode per graph replay; in graph: per call of a graph of "
+        f"{GRAPH_CALLS} decodes over {GRAPH_CALLS} caches (as a decode inside a model's graph)"
+    )
+    columns = (
+        f"{'ours int8':>9} {'GB/s':>5} {'vllm int8':>9} {'GB/s':>5} {'x':>5} "
+        f"{'vllm bf16':>9} {'GB/s':>5} {'x':>5}"
+    )
+    print(f"{'':>13} {'':>8} {'single, ms':<52} {'in graph, ms':<52}")
+    print(f"{'batch':>5} {'context':>7} {'rel diff':>8} {columns} {columns}")
+    for batch, context in itertools.product(BATCHES, CONTEXTS):
+        shapes = [SideBySide(batch, context, "cuda") for _ in range(GRAPH_CALLS)]
+        diff = shapes[0].rel_diff(attention, modes)
+        int8_bytes = kv_bytes(batch, context, torch.int8)
+        bf16_bytes = kv_bytes(batch, context, MODEL_DTYPE)
+        cells = [f"{diff:>8.1e}"]
+        for ours, int8, bf16 in (
+            times_ms(shapes[:1], attention, modes),
+            times_ms(shapes, attention, modes),
+        ):
+            cells.append(
+                f"{ours:>9.3f} {int8_bytes / ours / 1e6:>5.0f} "
+                f"{int8:>9.3f} {int8_bytes / int8 / 1e6:>5.0f} {int8 / ours:>4.2f}x "
+                f"{bf16:>9.3f} {bf16_bytes / bf16 / 1e6:>5.0f} {bf16 / ours:>4.2f}x"
+            )
+        print(f"{batch:>5} {context:>7} " + " ".join(cells), flush=True)
+        del shapes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: compare the outputs of one small shape in Triton's interpreter",
+    )
+    args = parser.parse_args()
+    if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        sys.exit("benchmark_upstream: --device cpu needs TRITON_INTERPRET=1 in the environment")
+    attention, modes = upstream_modules()
+    version = getattr(importlib.import_module("vllm"), "__version__", "unknown")
+    print(f"vllm {version}, torch {torch.__version__}")
+    if args.device == "cpu":
+        shape = SideBySide(*CPU_SHAPE, "cpu", CPU_MODEL_DTYPE)
+        print(f"batch {CPU_SHAPE[0]}, context {CPU_SHAPE[1]}, fp16 model: rel diff ", end="")
+        print(f"{shape.rel_diff(attention, modes):.1e}")
+        return
+    print(torch.cuda.get_device_name())
+    table(attention, modes)
+
+
+if __name__ == "__main__":
+    main()
