@@ -2,13 +2,17 @@
 
 Cold: an empty kvquant build cache and an empty Triton cache, so every cell really compiles.
 Warm: the same build again (a new output directory, the cache now full). Run without
-TRITON_INTERPRET:  python benchmarks/benchmark_build.py [--target sm90] [--matrix FILE] [--jobs N]
+TRITON_INTERPRET:
+  python benchmarks/benchmark_build.py [--target sm90] [--matrix FILE] [--jobs N] [--keep]
+The caches and build outputs (100-200 MB) go to a temporary directory, removed at the end
+unless --keep.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -23,8 +27,19 @@ def main() -> None:
     parser.add_argument("--target", action="append", default=None)
     parser.add_argument("--matrix", type=Path, default=None)
     parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument("--keep", action="store_true", help="keep the caches and build outputs")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvquant-build-bench-"))
+    try:
+        run(args, work)
+    finally:
+        if args.keep:
+            print(f"work dir:    {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
     os.environ["TRITON_CACHE_DIR"] = str(work / "triton")  # read by Triton at compile time
     from kvquant.build import build
 
@@ -52,7 +67,6 @@ def main() -> None:
     print(f"cold build:  {cold['elapsed_s']:7.2f} s  (target <= 60 s)")
     print(f"warm build:  {warm['elapsed_s']:7.2f} s  (target <= 2 s; {warm['cached']} cached)")
     print(f"warm CLI:    {cli_s:7.2f} s  (a fresh `python -m kvquant build`, imports included)")
-    print(f"work dir:    {work}")
 
 
 if __name__ == "__main__":
