@@ -30,6 +30,7 @@ from kvquant import allocate_cache, decode_attention, prefill_attention
 from kvquant.ops import paged_attention
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 32, 8, 128, 16
+SOFTMAX_SCALE = HEAD_SIZE**-0.5
 MODEL_DTYPE = torch.bfloat16
 BATCHES = (1, 16, 64)
 CONTEXTS = (1024, 8192, 32768)
@@ -73,11 +74,18 @@ def kv_bytes(batch: int, context: int, cache_dtype: torch.dtype) -> int:
 class DecodeSetup:
     """A full paged cache of random data for `batch` sequences of `context` tokens."""
 
-    def __init__(self, batch: int, context: int, cache_dtype: torch.dtype) -> None:
-        pages_per_seq = context // BLOCK_SIZE
+    def __init__(
+        self,
+        batch: int,
+        context: int,
+        cache_dtype: torch.dtype,
+        device: str = "cuda",
+        model_dtype: torch.dtype = MODEL_DTYPE,
+    ) -> None:
+        pages_per_seq = triton.cdiv(context, BLOCK_SIZE)
         num_blocks = batch * pages_per_seq
         self.cache = allocate_cache(
-            num_blocks, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, cache_dtype, "cuda"
+            num_blocks, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, cache_dtype, device
         )
         if cache_dtype == torch.int8:
             self.cache.pages.random_(-128, 128)
@@ -86,10 +94,10 @@ class DecodeSetup:
             self.cache.v_scale.uniform_(0.005, 0.02)
         else:
             self.cache.pages.normal_()
-        order = torch.randperm(num_blocks, device="cuda", dtype=torch.int64)
+        order = torch.randperm(num_blocks, device=device, dtype=torch.int64)
         self.block_table = order.view(batch, pages_per_seq).to(torch.int32)
-        self.seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
-        self.query = torch.randn(batch, NUM_Q_HEADS, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE)
+        self.seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+        self.query = torch.randn(batch, NUM_Q_HEADS, HEAD_SIZE, device=device, dtype=model_dtype)
         self.out = torch.empty_like(self.query)
         self.context = context
 
@@ -99,7 +107,7 @@ class DecodeSetup:
             self.cache,
             self.block_table,
             self.seq_lens,
-            HEAD_SIZE**-0.5,
+            SOFTMAX_SCALE,
             out=self.out,
             max_seq_len=self.context,
             validate=False,
@@ -257,7 +265,7 @@ def prefill_ms(cache_dtype: torch.dtype) -> float:
             setup.block_table,
             setup.seq_lens,
             cu_seqlens_q,
-            HEAD_SIZE**-0.5,
+            SOFTMAX_SCALE,
             out=out,
         )
 

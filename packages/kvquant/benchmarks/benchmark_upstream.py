@@ -33,24 +33,24 @@ from typing import Any
 import torch
 from benchmark_paged_attention import (
     BATCHES,
-    BLOCK_SIZE,
     CONTEXTS,
     GRAPH_CALLS,
     HEAD_SIZE,
     MODEL_DTYPE,
     NUM_KV_HEADS,
     NUM_Q_HEADS,
+    SOFTMAX_SCALE,
+    DecodeSetup,
     graph_ms,
     kv_bytes,
 )
 
-from kvquant import allocate_cache, decode_attention, to_upstream_layout
+from kvquant import to_upstream_layout
 
 # The backend's constants (vllm/v1/attention/backends/triton_attn.py): the split-KV path serves
 # up to MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads sequences, with this many segments.
 MIN_LAUNCH_GRID_SIZE_2D = 128
 NUM_PAR_SOFTMAX_SEGMENTS = 16
-SCALE = HEAD_SIZE**-0.5
 CPU_SHAPE = (3, 100)  # batch, context: a partial last page, three sequences
 # Triton's interpreter computes upstream's bf16 dots wrongly (outputs near 1e9 with Triton 3.9; our
 # kernels take fp32 dots there for the same reason), so the CPU comparison runs an fp16 model.
@@ -68,21 +68,13 @@ def upstream_modules() -> tuple[ModuleType, Any]:
     return attention, modes
 
 
-class SideBySide:
-    """One shape's inputs for both implementations; the INT8 data is shared."""
+class SideBySide(DecodeSetup):
+    """One shape's INT8 decode (``run``) and upstream's views of the same data."""
 
     def __init__(
         self, batch: int, context: int, device: str, model_dtype: torch.dtype = MODEL_DTYPE
     ) -> None:
-        pages_per_seq = -(-context // BLOCK_SIZE)
-        num_blocks = batch * pages_per_seq
-        self.cache = allocate_cache(
-            num_blocks, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, torch.int8, device
-        )
-        assert self.cache.k_scale is not None and self.cache.v_scale is not None
-        self.cache.pages.random_(-128, 128)
-        self.cache.k_scale.uniform_(0.005, 0.02)
-        self.cache.v_scale.uniform_(0.005, 0.02)
+        super().__init__(batch, context, torch.int8, device, model_dtype)
         # Upstream's cache: [blocks, block_size, kv heads, record], K codes | K scale | V codes |
         # V scale per record, viewed as the backend views it.
         self.records = to_upstream_layout(self.cache)
@@ -92,40 +84,20 @@ class SideBySide:
         self.upstream_k_scale = floats[..., HEAD_SIZE // 4]
         self.upstream_v_scale = floats[..., (half + HEAD_SIZE) // 4]
         # Upstream's 16-bit cache, for its bf16 decode (timed only; random data).
-        kv16 = torch.randn(
-            num_blocks, BLOCK_SIZE, NUM_KV_HEADS, 2 * HEAD_SIZE, dtype=model_dtype, device=device
-        )
+        kv16 = torch.randn(*self.records.shape[:3], 2 * HEAD_SIZE, dtype=model_dtype, device=device)
         self.upstream_k16, self.upstream_v16 = kv16.split(HEAD_SIZE, dim=-1)
-
-        order = torch.randperm(num_blocks, device=device)
-        self.block_table = order.view(batch, pages_per_seq).to(torch.int32)
-        self.seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
-        self.query = torch.randn(batch, NUM_Q_HEADS, HEAD_SIZE, dtype=model_dtype, device=device)
+        self.upstream_out = torch.empty_like(self.query)
         self.cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=device)
         self.ones = torch.ones(1, dtype=torch.float32, device=device).expand(batch, NUM_KV_HEADS)
-        self.context = context
-        self.ours_out = torch.empty_like(self.query)
-        self.upstream_out = torch.empty_like(self.query)
         # The backend's split-KV scratch, sized as it sizes it.
         self.threshold_3d = MIN_LAUNCH_GRID_SIZE_2D // NUM_KV_HEADS
-        rows = self.threshold_3d
         self.segm_output = torch.empty(
-            rows, NUM_Q_HEADS, NUM_PAR_SOFTMAX_SEGMENTS, HEAD_SIZE, device=device
+            self.threshold_3d, NUM_Q_HEADS, NUM_PAR_SOFTMAX_SEGMENTS, HEAD_SIZE, device=device
         )
-        self.segm_max = torch.empty(rows, NUM_Q_HEADS, NUM_PAR_SOFTMAX_SEGMENTS, device=device)
+        self.segm_max = torch.empty(
+            self.threshold_3d, NUM_Q_HEADS, NUM_PAR_SOFTMAX_SEGMENTS, device=device
+        )
         self.segm_expsum = torch.empty_like(self.segm_max)
-
-    def ours(self) -> None:
-        decode_attention(
-            self.query,
-            self.cache,
-            self.block_table,
-            self.seq_lens,
-            SCALE,
-            out=self.ours_out,
-            max_seq_len=self.context,
-            validate=False,
-        )
 
     def upstream(self, attention: ModuleType, modes: Any, *, int8: bool) -> Callable[[], None]:
         k, v = (
@@ -152,7 +124,7 @@ class SideBySide:
                 max_seqlen_q=1,
                 seqused_k=self.seq_lens,
                 max_seqlen_k=self.context,
-                softmax_scale=SCALE,
+                softmax_scale=SOFTMAX_SCALE,
                 causal=True,
                 window_size=(-1, -1),
                 block_table=self.block_table,
@@ -172,18 +144,18 @@ class SideBySide:
 
     def rel_diff(self, attention: ModuleType, modes: Any) -> float:
         """Relative L2 between the two INT8 decodes' outputs on this shape's shared data."""
-        self.ours_out.fill_(float("nan"))
+        self.out.fill_(float("nan"))
         self.upstream_out.fill_(float("nan"))
-        self.ours()
+        self.run()
         self.upstream(attention, modes, int8=True)()
-        ours, theirs = self.ours_out.float(), self.upstream_out.float()
+        ours, theirs = self.out.float(), self.upstream_out.float()
         return float((ours - theirs).norm() / theirs.norm())
 
 
 def times_ms(shapes: list[SideBySide], attention: ModuleType, modes: Any) -> list[float]:
     """ms per call of ours, upstream INT8 and upstream bf16, each captured over ``shapes``."""
     return [
-        graph_ms(*(shape.ours for shape in shapes)),
+        graph_ms(*(shape.run for shape in shapes)),
         graph_ms(*(shape.upstream(attention, modes, int8=True) for shape in shapes)),
         graph_ms(*(shape.upstream(attention, modes, int8=False) for shape in shapes)),
     ]
