@@ -72,7 +72,7 @@ def kv_bytes(batch: int, context: int, cache_dtype: torch.dtype) -> int:
 
 
 class DecodeSetup:
-    """A full paged cache of random data for `batch` sequences of `context` tokens."""
+    """A paged cache of random data for `batch` sequences of `context` tokens each."""
 
     def __init__(
         self,
