@@ -27,7 +27,6 @@ import itertools
 import os
 import sys
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -57,15 +56,14 @@ CPU_SHAPE = (3, 100)  # batch, context: a partial last page, three sequences
 CPU_MODEL_DTYPE = torch.float16
 
 
-def upstream_modules() -> tuple[ModuleType, Any]:
-    """vLLM's unified attention module and its KVQuantMode enum; exits with one line if absent."""
+def upstream_kernel() -> tuple[Callable[..., None], Any]:
+    """vLLM's `unified_attention` and its INT8 cache mode; exits with one line if absent."""
     try:
         attention = importlib.import_module("vllm.v1.attention.ops.triton_unified_attention")
         modes = importlib.import_module("vllm.v1.kv_cache_interface").KVQuantMode
-        modes.INT8_PER_TOKEN_HEAD  # noqa: B018 (absent before the INT8 cache existed)
-    except (ImportError, AttributeError) as error:
+        return attention.unified_attention, modes.INT8_PER_TOKEN_HEAD
+    except (ImportError, AttributeError) as error:  # AttributeError: no INT8 cache yet
         sys.exit(f"benchmark_upstream: needs vLLM with the int8_per_token_head cache ({error})")
-    return attention, modes
 
 
 class SideBySide(DecodeSetup):
@@ -75,6 +73,7 @@ class SideBySide(DecodeSetup):
         self, batch: int, context: int, device: str, model_dtype: torch.dtype = MODEL_DTYPE
     ) -> None:
         super().__init__(batch, context, torch.int8, device, model_dtype)
+        self.unified_attention, self.int8_mode = upstream_kernel()
         # Upstream's cache: [blocks, block_size, kv heads, record], K codes | K scale | V codes |
         # V scale per record, viewed as the backend views it.
         self.records = to_upstream_layout(self.cache)
@@ -99,13 +98,13 @@ class SideBySide(DecodeSetup):
         )
         self.segm_expsum = torch.empty_like(self.segm_max)
 
-    def upstream(self, attention: ModuleType, modes: Any, *, int8: bool) -> Callable[[], None]:
+    def upstream(self, *, int8: bool) -> Callable[[], None]:
         k, v = (
             (self.upstream_k, self.upstream_v) if int8 else (self.upstream_k16, self.upstream_v16)
         )
         per_token_head = (
             {
-                "kv_quant_mode": modes.INT8_PER_TOKEN_HEAD,
+                "kv_quant_mode": self.int8_mode,
                 "k_scale_cache": self.upstream_k_scale,
                 "v_scale_cache": self.upstream_v_scale,
             }
@@ -115,7 +114,7 @@ class SideBySide(DecodeSetup):
         descales = (None, None) if int8 else (self.ones, self.ones)
 
         def call() -> None:
-            attention.unified_attention(
+            self.unified_attention(
                 q=self.query,
                 k=k,
                 v=v,
@@ -142,26 +141,26 @@ class SideBySide(DecodeSetup):
 
         return call
 
-    def rel_diff(self, attention: ModuleType, modes: Any) -> float:
+    def rel_diff(self) -> float:
         """Relative L2 between the two INT8 decodes' outputs on this shape's shared data."""
         self.out.fill_(float("nan"))
         self.upstream_out.fill_(float("nan"))
         self.run()
-        self.upstream(attention, modes, int8=True)()
+        self.upstream(int8=True)()
         ours, theirs = self.out.float(), self.upstream_out.float()
         return float((ours - theirs).norm() / theirs.norm())
 
 
-def times_ms(shapes: list[SideBySide], attention: ModuleType, modes: Any) -> list[float]:
+def times_ms(shapes: list[SideBySide]) -> list[float]:
     """ms per call of ours, upstream INT8 and upstream bf16, each captured over ``shapes``."""
     return [
         graph_ms(*(shape.run for shape in shapes)),
-        graph_ms(*(shape.upstream(attention, modes, int8=True) for shape in shapes)),
-        graph_ms(*(shape.upstream(attention, modes, int8=False) for shape in shapes)),
+        graph_ms(*(shape.upstream(int8=True) for shape in shapes)),
+        graph_ms(*(shape.upstream(int8=False) for shape in shapes)),
     ]
 
 
-def table(attention: ModuleType, modes: Any) -> None:
+def table() -> None:
     print(
         "single: one decode per graph replay; in graph: per call of a graph of "
         f"{GRAPH_CALLS} decodes over {GRAPH_CALLS} caches (as a decode inside a model's graph)"
@@ -174,14 +173,11 @@ def table(attention: ModuleType, modes: Any) -> None:
     print(f"{'batch':>5} {'context':>7} {'rel diff':>8} {columns} {columns}")
     for batch, context in itertools.product(BATCHES, CONTEXTS):
         shapes = [SideBySide(batch, context, "cuda") for _ in range(GRAPH_CALLS)]
-        diff = shapes[0].rel_diff(attention, modes)
+        diff = shapes[0].rel_diff()
         int8_bytes = kv_bytes(batch, context, torch.int8)
         bf16_bytes = kv_bytes(batch, context, MODEL_DTYPE)
         cells = [f"{diff:>8.1e}"]
-        for ours, int8, bf16 in (
-            times_ms(shapes[:1], attention, modes),
-            times_ms(shapes, attention, modes),
-        ):
+        for ours, int8, bf16 in (times_ms(shapes[:1]), times_ms(shapes)):
             cells.append(
                 f"{ours:>9.3f} {int8_bytes / ours / 1e6:>5.0f} "
                 f"{int8:>9.3f} {int8_bytes / int8 / 1e6:>5.0f} {int8 / ours:>4.2f}x "
@@ -202,16 +198,16 @@ def main() -> None:
     args = parser.parse_args()
     if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("benchmark_upstream: --device cpu needs TRITON_INTERPRET=1 in the environment")
-    attention, modes = upstream_modules()
+    upstream_kernel()  # its one-line error before any work
     version = getattr(importlib.import_module("vllm"), "__version__", "unknown")
     print(f"vllm {version}, torch {torch.__version__}")
     if args.device == "cpu":
         shape = SideBySide(*CPU_SHAPE, "cpu", CPU_MODEL_DTYPE)
         print(f"batch {CPU_SHAPE[0]}, context {CPU_SHAPE[1]}, fp16 model: rel diff ", end="")
-        print(f"{shape.rel_diff(attention, modes):.1e}")
+        print(f"{shape.rel_diff():.1e}")
         return
     print(torch.cuda.get_device_name())
-    table(attention, modes)
+    table()
 
 
 if __name__ == "__main__":
