@@ -739,20 +739,18 @@ def _reduce_splits_kernel(
     HEAD_PAD: tl.constexpr,
     SPLIT_TILE: tl.constexpr,
 ):
-    """One (sequence, query head): combine the splits' partial results; two passes over them."""
+    """One (sequence, query head): combine the splits' partial results in one pass.
+
+    Each step loads SPLIT_TILE splits' max, sum and accumulator together and rescales what came
+    before to the new running max, so the common case (at most SPLIT_TILE splits) waits for one
+    round of loads, not two.
+    """
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     splits = tl.arange(0, SPLIT_TILE)
     dims = tl.arange(0, HEAD_PAD)
     base = (token * tl.num_programs(1) + head) * num_splits
-    overall_max = tl.full([], float("-inf"), tl.float32)
-    for start in range(0, num_splits, SPLIT_TILE):
-        split_valid = start + splits < num_splits
-        split_max = tl.load(
-            partial_max_ptr + base + start + splits, mask=split_valid, other=float("-inf")
-        )
-        overall_max = tl.maximum(overall_max, tl.max(split_max, axis=0))
-    overall_max = tl.where(overall_max == float("-inf"), 0.0, overall_max)
+    running_max = tl.full([], float("-inf"), tl.float32)
     total = tl.zeros([], tl.float32)
     result = tl.zeros([HEAD_PAD], tl.float32)
     for start in range(0, num_splits, SPLIT_TILE):
@@ -765,9 +763,14 @@ def _reduce_splits_kernel(
             mask=split_valid[:, None] & (dims[None, :] < head_size),
             other=0.0,
         )
-        weight = tl.exp2(split_max - overall_max)  # an empty split has max -inf: weight 0
-        total += tl.sum(split_sum * weight, axis=0)
-        result += tl.sum(split_acc * weight[:, None], axis=0)
+        new_max = tl.maximum(running_max, tl.max(split_max, axis=0))
+        # Every split so far empty (max -inf): any finite reference keeps the weights at 0.
+        reference = tl.where(new_max == float("-inf"), 0.0, new_max)
+        correction = tl.exp2(running_max - reference)
+        weight = tl.exp2(split_max - reference)  # an empty split has max -inf: weight 0
+        total = total * correction + tl.sum(split_sum * weight, axis=0)
+        result = result * correction + tl.sum(split_acc * weight[:, None], axis=0)
+        running_max = new_max
     tl.store(
         out_ptr + token * stride_o_t + head * stride_o_h + dims,
         (result / total).to(out_ptr.dtype.element_ty),
