@@ -28,17 +28,29 @@ class PrefectServer:
     api_url: str
     env: dict[str, str]
 
-    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        """Run the `prefect` CLI against this server from the repository root."""
-        return subprocess.run(
+    def cli(self, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
+        """Run the `prefect` CLI against this server from the repository root.
+
+        In a process group of its own: past `timeout` the command and everything it started (a
+        worker's flow-run processes) are killed, and the result says so after the output it
+        printed, so a hang fails its test with what it did last instead of raising mid-test.
+        """
+        process = subprocess.Popen(
             ["prefect", *args],
             cwd=REPO_ROOT,
-            env=self.env,
-            capture_output=True,
+            env=self.env | env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=timeout,
-            check=False,
+            start_new_session=True,
         )
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            stderr += f"\n`prefect {' '.join(args[:3])}` did not end within {timeout:g} s: killed"
+        return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
     def api(self, method: str, path: str, body: object | None = None) -> object:
         data = json.dumps(body).encode() if body is not None else None

@@ -32,10 +32,16 @@ def _run_deployment(
     assert started.returncode == 0, started.stdout + started.stderr
     flow_run_id = UUID.search(started.stdout)
     assert flow_run_id, started.stdout
-    worker = server.cli("worker", "start", "--pool", "cpu", "--run-once", timeout=WORKER_TIMEOUT_S)
-    assert worker.returncode == 0, worker.stdout[-3000:] + worker.stderr[-3000:]
+    # INFO, not the fixture's WARNING: the worker's output then says how far the run got.
+    worker = server.cli(
+        "worker", "start", "--pool", "cpu", "--run-once",
+        timeout=WORKER_TIMEOUT_S, PREFECT_LOGGING_LEVEL="INFO",
+    )  # fmt: skip
     flow_run = server.api("GET", f"/flow_runs/{flow_run_id.group(0)}")
     assert isinstance(flow_run, dict)
+    assert worker.returncode == 0, (
+        f"flow run state: {flow_run['state']}\n{worker.stdout[-3000:]}{worker.stderr[-3000:]}"
+    )
     return flow_run
 
 
