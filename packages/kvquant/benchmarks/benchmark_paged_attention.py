@@ -1,7 +1,7 @@
 """Decode attention on the H200: INT8 cache vs our 16-bit cache vs PyTorch SDPA on a dense cache.
 
 Run on a CUDA device:
-  python benchmarks/benchmark_paged_attention.py [--sweep | --splits | --prefill]
+  python benchmarks/benchmark_paged_attention.py [--sweep | --splits | --budget | --prefill]
 
 Shapes are the issue's: bf16 model, 32 query heads, 8 kv heads, head size 128, block size 16,
 batch 1/16/64 x context 1k/8k/32k. Every sequence has the full context. Times are medians of
@@ -19,15 +19,17 @@ GRAPH_CALLS decodes, each over its own cache, so each still reads its bytes from
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import triton
 
 from kvquant import allocate_cache, decode_attention, prefill_attention
 from kvquant.ops import paged_attention
+from kvquant.ops._common import launch
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 32, 8, 128, 16
 SOFTMAX_SCALE = HEAD_SIZE**-0.5
@@ -211,12 +213,9 @@ SPLIT_SHAPES = ((16, 8192), (64, 8192), (16, 32768), (64, 32768))
 SPLIT_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
-def split_sweep() -> None:
-    """Each cache's decode at forced split counts against the launcher's choice (graph-timed).
-
-    The 16-bit rows check the baseline of the "vs bf16" columns: its split count comes from the
-    same model as the INT8 one, with other tiles and another register budget.
-    """
+@contextlib.contextmanager
+def recorded_split_counts() -> Iterator[list[int]]:
+    """The split counts the launcher chooses inside the block, in order."""
     chosen: list[int] = []
     choose = paged_attention.choose_num_splits
 
@@ -225,6 +224,23 @@ def split_sweep() -> None:
         return chosen[-1]
 
     paged_attention.choose_num_splits = recording_choice
+    try:
+        yield chosen
+    finally:
+        paged_attention.choose_num_splits = choose
+
+
+def split_sweep() -> None:
+    """Each cache's decode at forced split counts against the launcher's choice (graph-timed).
+
+    The 16-bit rows check the baseline of the "vs bf16" columns: its split count comes from the
+    same model as the INT8 one, with other tiles and another register budget.
+    """
+    with recorded_split_counts() as chosen:
+        _split_table(chosen)
+
+
+def _split_table(chosen: list[int]) -> None:
     print(
         f"{'cache':>8} {'batch':>5} {'context':>7} {'chosen':>6}  "
         + " ".join(f"{s or 'auto':>12}" for s in (None, *SPLIT_COUNTS))
@@ -239,7 +255,56 @@ def split_sweep() -> None:
         name = str(dtype).removeprefix("torch.")
         print(f"{name:>8} {batch:>5} {context:>7} {chosen[-1]:>6}  " + " ".join(cells), flush=True)
         del setup
-    paged_attention.choose_num_splits = choose
+
+
+# Shapes of the time budget: the 16/8k row misses 3.8 TB/s; the other two meet it.
+BUDGET_SHAPES = ((16, 8192), (16, 32768), (64, 32768))
+
+
+def budget() -> None:
+    """Where an INT8 decode's time goes, graph-timed: each cell single call / per call of a graph
+    of GRAPH_CALLS, in us.
+
+    "full": the decode as the table times it. "1 key": every sequence cut to one key, with the
+    same grid and split count (max_seq_len unchanged), so every program still runs its prologue
+    and epilogue and the reducer still runs: the fixed part. "reducer": the split reducer alone,
+    on partials of the decode's shape. "floor": a graph of 8 KB zero_() calls, the graph launch and
+    event pair that every cell pays. "streaming": full minus 1 key, and the KV bytes over it.
+    """
+    print(f"{'batch':>5} {'context':>7} {'splits':>6} {'full':>13} {'1 key':>11} "
+          f"{'reducer':>11} {'floor':>9} {'streaming':>11} {'TB/s':>9}")  # fmt: skip
+    floor_buffer = torch.empty(2048, device="cuda")
+    floor = [graph_ms(*[floor_buffer.zero_] * calls) for calls in (1, GRAPH_CALLS)]
+    for batch, context in BUDGET_SHAPES:
+        setups = [DecodeSetup(batch, context, torch.int8) for _ in range(GRAPH_CALLS)]
+        runs = [setup.run for setup in setups]
+        with recorded_split_counts() as chosen:
+            full = [graph_ms(runs[0]), graph_ms(*runs)]
+        splits = chosen[-1]
+        for setup in setups:
+            setup.seq_lens.fill_(1)
+        one_key = [graph_ms(runs[0]), graph_ms(*runs)]
+        reduce = paged_attention.reduce_spec(head_size=HEAD_SIZE, model_dtype=MODEL_DTYPE)
+        out = setups[0].out
+        partial_acc = torch.randn(batch, NUM_Q_HEADS, splits, HEAD_SIZE, device="cuda")
+        partial_max = torch.randn(batch, NUM_Q_HEADS, splits, device="cuda")
+        partial_sum = torch.rand(batch, NUM_Q_HEADS, splits, device="cuda") + 1
+        reduce_args = (out, partial_acc, partial_max, partial_sum, splits, HEAD_SIZE)
+        reduce_args += (out.stride(0), out.stride(1))
+        reducer = graph_ms(functools.partial(launch, reduce, (batch, NUM_Q_HEADS), *reduce_args))
+        streaming = [f - k for f, k in zip(full, one_key, strict=True)]
+        tbs = [kv_bytes(batch, context, torch.int8) / ms / 1e9 for ms in streaming]
+        print(
+            f"{batch:>5} {context:>7} {splits:>6} {_us(full):>13} {_us(one_key):>11} "
+            f"{_us([reducer]):>11} {_us(floor):>9} {_us(streaming):>11} "
+            f"{'/'.join(f'{t:.2f}' for t in tbs):>9}",
+            flush=True,
+        )
+        del setups
+
+
+def _us(times_ms: list[float]) -> str:
+    return "/".join(f"{t * 1e3:.1f}" for t in times_ms)
 
 
 # Chunked prefill: each sequence has PREFIX cached tokens and CHUNK new ones (in the cache too).
@@ -319,6 +384,9 @@ def main() -> None:
         "--splits", action="store_true", help="time forced split-KV counts of both caches instead"
     )
     parser.add_argument(
+        "--budget", action="store_true", help="split INT8 decode time into its parts instead"
+    )
+    parser.add_argument(
         "--prefill", action="store_true", help="sweep chunked-prefill launch settings instead"
     )
     parser.add_argument(
@@ -336,6 +404,8 @@ def main() -> None:
         sweep()
     elif args.splits:
         split_sweep()
+    elif args.budget:
+        budget()
     elif args.prefill:
         prefill_sweep()
     else:
