@@ -237,24 +237,22 @@ def split_sweep() -> None:
     same model as the INT8 one, with other tiles and another register budget.
     """
     with recorded_split_counts() as chosen:
-        _split_table(chosen)
-
-
-def _split_table(chosen: list[int]) -> None:
-    print(
-        f"{'cache':>8} {'batch':>5} {'context':>7} {'chosen':>6}  "
-        + " ".join(f"{s or 'auto':>12}" for s in (None, *SPLIT_COUNTS))
-    )
-    print(f"{'':>31}(each: us / GB/s)")
-    for dtype, (batch, context) in itertools.product((torch.int8, MODEL_DTYPE), SPLIT_SHAPES):
-        setup = DecodeSetup(batch, context, dtype)
-        cells = []
-        for splits in (None, *SPLIT_COUNTS):
-            ms = graph_ms(functools.partial(setup.run, splits))
-            cells.append(f"{ms * 1e3:>6.1f}/{kv_bytes(batch, context, dtype) / ms / 1e6:<5.0f}")
-        name = str(dtype).removeprefix("torch.")
-        print(f"{name:>8} {batch:>5} {context:>7} {chosen[-1]:>6}  " + " ".join(cells), flush=True)
-        del setup
+        print(
+            f"{'cache':>8} {'batch':>5} {'context':>7} {'chosen':>6}  "
+            + " ".join(f"{s or 'auto':>12}" for s in (None, *SPLIT_COUNTS))
+        )
+        print(f"{'':>31}(each: us / GB/s)")
+        for dtype, (batch, context) in itertools.product((torch.int8, MODEL_DTYPE), SPLIT_SHAPES):
+            setup = DecodeSetup(batch, context, dtype)
+            cells = []
+            for splits in (None, *SPLIT_COUNTS):
+                ms = graph_ms(functools.partial(setup.run, splits))
+                cells.append(f"{ms * 1e3:>6.1f}/{kv_bytes(batch, context, dtype) / ms / 1e6:<5.0f}")
+            name = str(dtype).removeprefix("torch.")
+            print(
+                f"{name:>8} {batch:>5} {context:>7} {chosen[-1]:>6}  " + " ".join(cells), flush=True
+            )
+            del setup
 
 
 # Shapes of the time budget: the 16/8k row misses 3.8 TB/s; the other two meet it.
