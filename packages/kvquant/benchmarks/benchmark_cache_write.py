@@ -3,7 +3,8 @@
 Run on a CUDA device:  python benchmarks/benchmark_cache_write.py
 
 32k new tokens (8 kv heads, head size 128, bf16) written to consecutive slots (prefill) and to
-shuffled slots. Bytes = K/V read + cache bytes written (codes and scales). do_bench medians.
+shuffled slots. Bytes = K/V read + cache bytes written (codes and scales). Medians of CUDA-event
+timings, the L2 cleared before each call (timing.py).
 """
 
 from __future__ import annotations
@@ -12,22 +13,12 @@ import sys
 
 import torch
 import triton
+from timing import copy_bandwidth, median_ms
 
 from kvquant import allocate_cache, cache_write
 from kvquant.ops import cache_write as cache_write_module
 
 NUM_TOKENS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 32768, 8, 128, 16
-
-
-def median_ms(fn: object) -> float:
-    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
-
-
-def copy_bandwidth() -> float:
-    """Device copy bandwidth in GB/s, bytes read plus bytes written, on a 2 GiB buffer."""
-    src = torch.randn(2**29, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 4 / median_ms(lambda: dst.copy_(src)) / 1e6
 
 
 def main() -> None:

@@ -1,17 +1,18 @@
 """Decode attention on the H200: INT8 cache vs our 16-bit cache vs PyTorch SDPA on a dense cache.
 
 Run on a CUDA device:
-  python benchmarks/benchmark_paged_attention.py [--sweep | --splits | --budget | --prefill]
+  python benchmarks/benchmark_paged_attention.py [--sweep | --splits | --budget | --flush]
+  python benchmarks/benchmark_paged_attention.py [--prefill | --profile BATCH CONTEXT]
 
 Shapes are the issue's: bf16 model, 32 query heads, 8 kv heads, head size 128, block size 16,
 batch 1/16/64 x context 1k/8k/32k. Every sequence has the full context. Times are medians of
-triton.testing.do_bench, which zeroes a 256 MB buffer before each timed call, so no call finds
-the previous call's bytes in the 60 MB L2. Inputs are random and non-zero; validation (one host
-sync) is off in the timed calls. GB/s counts the KV bytes a decode must read, scales included.
+CUDA-event timings (timing.py), each call after a 256 MB read that clears the L2, so no call finds
+the previous call's bytes there. Inputs are random and non-zero; validation (one host sync) is off
+in the timed calls. GB/s counts the KV bytes a decode must read, scales included.
 
 Each call is timed as a replayed CUDA graph (kernel time, as vLLM runs decode), and the INT8 call
 also eagerly ("eager ms": the Python launch path included, which bounds the small shapes). A graph
-of one call still pays a graph launch and an event pair (~4.5 us on the H200, NOTES.md), which a
+of one call still pays a graph launch and an event pair (~4 us on the H200, NOTES.md), which a
 decode inside a model's graph does not: "in graph" is the time per call of a graph of
 GRAPH_CALLS decodes, each over its own cache, so each still reads its bytes from DRAM.
 """
@@ -22,10 +23,11 @@ import argparse
 import contextlib
 import functools
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 import triton
+from timing import copy_bandwidth, graph_ms, median_ms, read_clear, zero_clear
 
 from kvquant import allocate_cache, decode_attention, prefill_attention
 from kvquant.ops import paged_attention
@@ -38,34 +40,8 @@ BATCHES = (1, 16, 64)
 CONTEXTS = (1024, 8192, 32768)
 
 
-def median_ms(fn: Callable[[], object]) -> float:
-    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
-
-
-def graph_ms(*calls: Callable[[], object]) -> float:
-    """Median time per call of ``calls`` captured in order in one CUDA graph and replayed."""
-    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for call in calls:
-            call()  # compiles and allocates outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    return median_ms(graph.replay) / len(calls)
-
-
 # Decodes per graph for the "in graph" columns, each over its own cache (see the docstring).
 GRAPH_CALLS = 4
-
-
-def copy_bandwidth() -> float:
-    """Device copy bandwidth in GB/s, bytes read plus bytes written, on a 2 GiB buffer."""
-    src = torch.randn(2**29, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 4 / median_ms(lambda: dst.copy_(src)) / 1e6
 
 
 def kv_bytes(batch: int, context: int, cache_dtype: torch.dtype) -> int:
@@ -301,6 +277,28 @@ def budget() -> None:
         del setups
 
 
+def flush_check() -> None:
+    """Single decodes (graph-timed) after each way of clearing the L2, in us: do_bench's zeroing,
+    the benchmarks' read, and zeroing then reading. Where "zero" exceeds "read" and "zero + read"
+    matches "read", the excess is the zeroing's dirty lines written back during the timed call."""
+    print(f"{'cache':>8} {'batch':>5} {'context':>7} {'zero':>8} {'read':>8} {'zero + read':>11}")
+
+    def zero_then_read() -> None:
+        zero_clear()
+        read_clear()
+
+    for dtype, (batch, context) in itertools.product((torch.int8, MODEL_DTYPE), BUDGET_SHAPES):
+        setup = DecodeSetup(batch, context, dtype)
+        times = [graph_ms(setup.run, clear=c) for c in (zero_clear, read_clear, zero_then_read)]
+        name = str(dtype).removeprefix("torch.")
+        print(
+            f"{name:>8} {batch:>5} {context:>7} "
+            + " ".join(f"{t * 1e3:>{w}.1f}" for t, w in zip(times, (8, 8, 11), strict=True)),
+            flush=True,
+        )
+        del setup
+
+
 def _us(times_ms: list[float]) -> str:
     return "/".join(f"{t * 1e3:.1f}" for t in times_ms)
 
@@ -385,6 +383,9 @@ def main() -> None:
         "--budget", action="store_true", help="split INT8 decode time into its parts instead"
     )
     parser.add_argument(
+        "--flush", action="store_true", help="time decodes after each way of clearing the L2"
+    )
+    parser.add_argument(
         "--prefill", action="store_true", help="sweep chunked-prefill launch settings instead"
     )
     parser.add_argument(
@@ -404,6 +405,8 @@ def main() -> None:
         split_sweep()
     elif args.budget:
         budget()
+    elif args.flush:
+        flush_check()
     elif args.prefill:
         prefill_sweep()
     else:

@@ -40,9 +40,9 @@ from benchmark_paged_attention import (
     NUM_Q_HEADS,
     SOFTMAX_SCALE,
     DecodeSetup,
-    graph_ms,
     kv_bytes,
 )
+from timing import graph_ms
 
 from kvquant import to_upstream_layout
 
