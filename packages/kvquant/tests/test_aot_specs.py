@@ -21,6 +21,8 @@ from kvquant._cache import SUPPORTED_HEAD_SIZES as SIZES
 from kvquant.ops import KernelSpec, aot_specs
 from kvquant.ops._common import make_spec
 
+DECODES = ("decode_attention", "decode_attention_one_split")
+
 _COMPILE_ALL = """
 import json, sys, torch, triton
 from triton.backends.compiler import GPUTarget
@@ -77,21 +79,33 @@ def test_jit_may_not_specialize_an_integer_the_build_compiles_as_a_runtime_value
 def test_specs_cover_every_parameter() -> None:
     specs = _specs()
     names = [spec.name for spec in specs]
-    assert names == ["decode_attention", "reduce_splits", "prefill_attention", "cache_write"]
+    assert names == [
+        "decode_attention",
+        "decode_attention_one_split",
+        "reduce_splits",
+        "prefill_attention",
+        "cache_write",
+    ]
     for spec in specs:
         constexpr_names = {k for k, v in spec.signature.items() if v == "constexpr"}
         assert constexpr_names == set(spec.constexprs)
-    decode = specs[0]
+    decode, one_split = specs[:2]
     assert decode.signature["k_ptr"] == "*i8" and decode.signature["q_ptr"] == "*i16"
+    # The one-split variant differs only in its epilogue: the result instead of partials.
+    assert decode.signature == one_split.signature
+    assert {k for k, v in decode.constexprs.items() if one_split.constexprs[k] != v} == {
+        "ONE_SPLIT"
+    }
     cuda = _specs(target="cuda")
     # One code path on every target; only the decode's launch shape differs: on CUDA one warp
     # owns a program, with a 64-key tile and 8 query-head columns (the n8 integer MMA); gfx90a's
     # MFMA needs 16 columns, and it keeps 4 warps.
-    assert [spec.constexprs for spec in cuda[1:]] == [spec.constexprs for spec in specs[1:]]
-    differs = {k for k, v in cuda[0].constexprs.items() if decode.constexprs[k] != v}
-    assert differs == {"GROUP_PAD", "TILE_N"}
-    assert (cuda[0].constexprs["TILE_N"], cuda[0].constexprs["GROUP_PAD"]) == (64, 8)
-    assert (cuda[0].num_warps, decode.num_warps) == (1, 4)
+    assert [spec.constexprs for spec in cuda[2:]] == [spec.constexprs for spec in specs[2:]]
+    for cuda_decode, hip_decode in zip(cuda[:2], specs[:2], strict=True):
+        differs = {k for k, v in cuda_decode.constexprs.items() if hip_decode.constexprs[k] != v}
+        assert differs == {"GROUP_PAD", "TILE_N"}
+        assert (cuda_decode.constexprs["TILE_N"], cuda_decode.constexprs["GROUP_PAD"]) == (64, 8)
+        assert (cuda_decode.num_warps, hip_decode.num_warps) == (1, 4)
 
 
 def _compiled_variants(
@@ -128,7 +142,7 @@ def test_one_compiled_variant_serves_every_gqa_ratio_up_to_the_decode_columns() 
     assert _compiled_variants(gqa=32)["decode_attention"] != sixteen["decode_attention"]
     one, four, eight, sixteen = (_compiled_variants(gqa=g, target="cuda") for g in (1, 4, 8, 16))
     assert one == four == eight
-    assert {k for k in eight if eight[k] != sixteen[k]} == {"decode_attention"}
+    assert {k for k in eight if eight[k] != sixteen[k]} == set(DECODES)
 
 
 def test_reducer_and_cache_write_serve_head_sizes_that_pad_alike() -> None:
@@ -138,7 +152,7 @@ def test_reducer_and_cache_write_serve_head_sizes_that_pad_alike() -> None:
         by_head = {h: _compiled_variants(head_size=h, cache_dtype=cache_dtype) for h in SIZES}
         for padded in (80, 96):
             differ = [k for k in by_head[128] if by_head[128][k] != by_head[padded][k]]
-            assert differ == ["decode_attention", "prefill_attention"]
+            assert differ == [*DECODES, "prefill_attention"]
         for kernel, variant in by_head[128].items():
             assert variant != by_head[64][kernel] and variant != by_head[256][kernel]
 
@@ -159,10 +173,7 @@ def test_one_compiled_variant_serves_every_block_size_but_int8_page_rows() -> No
     assert bf16[0] == bf16[1] == bf16[2]
     int8 = [_compiled_variants(block_size=b) for b in BLOCKS]
     assert int8[1] == int8[2]
-    assert [k for k in int8[0] if int8[0][k] != int8[1][k]] == [
-        "decode_attention",
-        "prefill_attention",
-    ]
+    assert [k for k in int8[0] if int8[0][k] != int8[1][k]] == [*DECODES, "prefill_attention"]
 
 
 def test_runtime_sizes_are_multiples_of_16_and_marked_so() -> None:
@@ -203,7 +214,7 @@ def test_every_spec_compiles_for_sm90_and_gfx90a() -> None:
         assert run.returncode == 0, stderr[-3000:]
         compiled += json.loads(stdout.strip().splitlines()[-1])
     assert [name for _, name, _ in compiled] == 2 * [
-        "decode_attention",
+        *DECODES,
         "reduce_splits",
         "prefill_attention",
         "cache_write",

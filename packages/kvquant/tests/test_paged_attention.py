@@ -170,10 +170,23 @@ def test_decode_window_and_softcap(
     _assert_close(out, _expected(batch, window, softcap), INT8_TOLERANCE)
 
 
-def test_decode_16_bit_output(device: torch.device, gen: torch.Generator) -> None:
-    """Output in the model dtype: the rounding to bf16 adds its ~2e-3 (4e-3 truncating)."""
-    batch = _batch([5, 70], device, gen)
-    _assert_close(_decode(batch, out_dtype=torch.bfloat16), _expected(batch), 1e-2)
+@pytest.mark.parametrize(
+    ("cache_dtype", "model_dtype"),
+    [(torch.int8, torch.bfloat16), (torch.int8, torch.float16), (torch.bfloat16, torch.bfloat16)],
+)
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_decode_16_bit_output(
+    cache_dtype: torch.dtype,
+    model_dtype: torch.dtype,
+    num_splits: int,
+    device: torch.device,
+    gen: torch.Generator,
+) -> None:
+    """Output in the model dtype, written by the decode itself (one split) or by the reducer:
+    the rounding to bf16 adds its ~2e-3 (4e-3 truncating)."""
+    batch = _batch([5, 70], device, gen, cache_dtype=cache_dtype, model_dtype=model_dtype)
+    out = _decode(batch, out_dtype=model_dtype, num_splits=num_splits)
+    _assert_close(out, _expected(batch), 1e-2)
 
 
 @pytest.mark.parametrize(

@@ -82,12 +82,12 @@ def _use_interpreter_if_cpu(device: str | None) -> None:
 def _table(result: dict[str, Any]) -> str:
     lines = [
         f"kvquant check on {result['device']} (triton {result['triton']})",
-        f"{'kernel':<18} {'dtype':<26} {'head':>4} {'block':>5} {'gqa':>3} "
+        f"{'kernel':<25} {'dtype':<26} {'head':>4} {'block':>5} {'gqa':>3} "
         f"{'rel_l2':>9} {'tol':>7} {'quant_l2':>9}  ok",
     ]
     for case in result["cases"]:
         lines.append(
-            f"{case['kernel']:<18} {case['dtype']:<26} {case['head_size']:>4} "
+            f"{case['kernel']:<25} {case['dtype']:<26} {case['head_size']:>4} "
             f"{case['block_size']:>5} {case['gqa']:>3} {case['rel_l2']:>9.2e} "
             f"{case['tolerance']:>7.0e} {case['quant_rel_l2']:>9.2e}  "
             f"{'yes' if case['passed'] else 'NO'}"

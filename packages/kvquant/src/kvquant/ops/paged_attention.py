@@ -6,7 +6,8 @@ once per tile. It walks KV tiles of TILE_N tokens with an online softmax. Prefil
 rows along the dots' M dimension (``_attend_tiles``); decode has only the group's few query heads,
 so it puts the keys there and the query heads along N (``_decode_tiles``), and on CUDA one warp
 owns a program. A decode program covers one split of its sequence's tiles and writes an
-unnormalised partial result; ``_reduce_splits_kernel`` combines them (flash-decoding). Split
+unnormalised partial result; ``_reduce_splits_kernel`` combines them (flash-decoding). With one
+split (batches that fill the device alone) the decode writes the result and no reducer runs. Split
 count, GQA ratio, softcap and sliding window are runtime arguments, so one compiled variant per
 head size, block size and dtypes serves every call and every GQA ratio that pads alike
 (``aot_specs``).
@@ -495,7 +496,9 @@ def _prepare_query(q, query_bf16, softmax_scale, softcap, QUANTIZED: tl.constexp
     ]
 )
 def _decode_kernel(
-    # Outputs: unnormalised partial results of each split, combined by _reduce_splits_kernel
+    # Outputs: the result itself when ONE_SPLIT (int16 bits for an INT8 cache and a 16-bit out),
+    # else each split's unnormalised partial result, combined by _reduce_splits_kernel
+    out_ptr,  # [num_seqs, num_q_heads, head_size]
     partial_acc_ptr,  # [num_seqs, num_q_heads, num_splits, head_size] fp32
     partial_max_ptr,  # [num_seqs, num_q_heads, num_splits] fp32, log2 units
     partial_sum_ptr,  # [num_seqs, num_q_heads, num_splits] fp32
@@ -520,6 +523,8 @@ def _decode_kernel(
     # Strides
     stride_q_t: tl.int64,
     stride_q_h: tl.int64,
+    stride_o_t: tl.int64,
+    stride_o_h: tl.int64,
     stride_k_b: tl.int64,
     stride_k_h: tl.int64,
     stride_v_b: tl.int64,
@@ -535,6 +540,7 @@ def _decode_kernel(
     QUANTIZED: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     V_PAGEWISE: tl.constexpr,
+    ONE_SPLIT: tl.constexpr,  # num_splits == 1: write the result, no partials
 ):
     """One (sequence, kv head, split): all ``group`` query heads of the kv head against its keys."""
     seq = tl.program_id(0)
@@ -588,15 +594,30 @@ def _decode_kernel(
         V_PAGEWISE,
     )
 
-    # ---- Epilogue: this split's partial result ----
-    stat_offsets = (seq.to(tl.int64) * tl.num_programs(1) * group + row_head) * num_splits + split
-    tl.store(partial_max_ptr + stat_offsets, running_max, mask=row_valid)
-    tl.store(partial_sum_ptr + stat_offsets, running_sum, mask=row_valid)
-    tl.store(
-        partial_acc_ptr + stat_offsets[None, :] * HEAD_SIZE + dims[:, None],
-        acc,
-        mask=dim_valid[:, None] & row_valid[None, :],
-    )
+    # ---- Epilogue: the result itself, or this split's partial result ----
+    # A variant of its own (ONE_SPLIT), not a runtime choice: with a runtime branch here the
+    # sm_90 build gave the tile loop 11 more registers and 48 more instructions, and with both
+    # stores masked small decodes ran 0.7 us slower on the H200 (NOTES.md, session 10).
+    if ONE_SPLIT:
+        result = acc / running_sum[None, :]
+        if out_ptr.dtype.element_ty == tl.int16:
+            result = _bits_from_float(result, query_bf16)
+        o_offsets = seq.to(tl.int64) * stride_o_t + row_head.to(tl.int64)[None, :] * stride_o_h
+        tl.store(
+            out_ptr + o_offsets + dims[:, None],
+            result.to(out_ptr.dtype.element_ty),
+            mask=dim_valid[:, None] & row_valid[None, :],
+        )
+    else:
+        stat_offsets = (seq.to(tl.int64) * tl.num_programs(1) * group + row_head) * num_splits
+        stat_offsets += split
+        tl.store(partial_max_ptr + stat_offsets, running_max, mask=row_valid)
+        tl.store(partial_sum_ptr + stat_offsets, running_sum, mask=row_valid)
+        tl.store(
+            partial_acc_ptr + stat_offsets[None, :] * HEAD_SIZE + dims[:, None],
+            acc,
+            mask=dim_valid[:, None] & row_valid[None, :],
+        )
 
 
 @triton.jit(
@@ -1009,10 +1030,11 @@ _FREE_STRIDES = ("stride_bt",)
 
 _RUNTIME_PARAMS = {
     "decode_attention": (
-        "partial_acc_ptr partial_max_ptr partial_sum_ptr q_ptr k_ptr v_ptr k_scale_ptr "
+        "out_ptr partial_acc_ptr partial_max_ptr partial_sum_ptr q_ptr k_ptr v_ptr k_scale_ptr "
         "v_scale_ptr block_table_ptr seq_lens_ptr softmax_scale softcap sliding_window "
         "num_splits tiles_per_split group query_bf16 block_size block_shift stride_q_t stride_q_h "
-        "stride_k_b stride_k_h stride_v_b stride_v_h stride_s_b stride_s_h stride_bt"
+        "stride_o_t stride_o_h stride_k_b stride_k_h stride_v_b stride_v_h stride_s_b stride_s_h "
+        "stride_bt"
     ),
     "prefill_attention": (
         "out_ptr q_ptr k_ptr v_ptr k_scale_ptr v_scale_ptr block_table_ptr seq_lens_ptr "
@@ -1036,8 +1058,12 @@ def decode_spec(
     model_dtype: torch.dtype,
     cache_dtype: torch.dtype,
     target: str,
+    out_dtype: torch.dtype | None = None,
+    one_split: bool = False,
 ) -> KernelSpec:
-    """The decode kernel the launcher compiles; ``target`` also takes "interpreter".
+    """The decode kernel the launcher compiles; ``target`` also takes "interpreter", out_dtype
+    (fp32 for tests) defaults to the model's. ``one_split``: the variant for one split, which
+    writes the result itself (no reducer).
 
     Cached: launches call it every time. Tuning sweeps that change the module's constants call
     ``clear_spec_caches()``."""
@@ -1045,11 +1071,12 @@ def decode_spec(
     constexprs["GROUP_PAD"] = _decode_columns(gqa, target)
     tile_n, num_warps = _decode_shape(constexprs, cache_dtype, target)
     constexprs["TILE_N"] = tile_n
+    constexprs["ONE_SPLIT"] = one_split
     types = _attention_types(
-        _RUNTIME_PARAMS["decode_attention"], model_dtype, cache_dtype, model_dtype
+        _RUNTIME_PARAMS["decode_attention"], model_dtype, cache_dtype, out_dtype or model_dtype
     )
     return make_spec(
-        "decode_attention",
+        "decode_attention_one_split" if one_split else "decode_attention",
         _decode_kernel,
         types,
         constexprs,
@@ -1121,7 +1148,8 @@ def aot_specs(
     cache_dtype: torch.dtype,
     target: str,
 ) -> list[KernelSpec]:
-    """Decode attention, its split reducer and prefill attention for one model configuration.
+    """Decode attention (split and one-split variants), its split reducer and prefill attention
+    for one model configuration.
 
     Softcap, sliding window, the split count, the GQA ratio and the block size are runtime
     arguments (except INT8 at block 16, see V_PAGEWISE), as are the INT8 kernels' model dtype and
@@ -1138,6 +1166,7 @@ def aot_specs(
     }
     return [
         decode_spec(**geometry),
+        decode_spec(**geometry, one_split=True),
         reduce_spec(head_size=head_size, model_dtype=model_dtype),
         prefill_spec(**geometry),
     ]
@@ -1230,7 +1259,7 @@ def decode_attention(
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
     geometry = _geometry(query, cache)
-    decode = decode_spec(**geometry)
+    decode = decode_spec(**geometry, out_dtype=result.dtype)
     tile_n = int(decode.constexprs["TILE_N"])
     span = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window + tile_n)
     num_tiles = max(triton.cdiv(span, tile_n), 1)
@@ -1242,15 +1271,18 @@ def decode_attention(
     def decode_launch(splits: int) -> tuple[tuple[int, int, int], list[Any]]:
         """The grid and arguments of a decode with ``splits`` splits (allocates its partials)."""
         tiles_per_split = triton.cdiv(num_tiles, splits)
-        partial_acc = torch.empty(
-            num_seqs, num_q_heads, splits, cache.head_size, dtype=torch.float32, device=query.device
-        )
-        partial_max = torch.empty(
-            num_seqs, num_q_heads, splits, dtype=torch.float32, device=query.device
-        )
-        partial_sum = torch.empty_like(partial_max)
+        if splits == 1:  # the kernel writes the result; the partials' pointers go unused
+            partial_max = torch.empty(1, dtype=torch.float32, device=query.device)
+            partial_acc = partial_sum = partial_max
+        else:
+            partial_max = torch.empty(
+                num_seqs, num_q_heads, splits, dtype=torch.float32, device=query.device
+            )
+            partial_sum = torch.empty_like(partial_max)
+            partial_acc = partial_max.new_empty(num_seqs, num_q_heads, splits, cache.head_size)
         grid = (num_seqs, cache.num_kv_heads, splits)
         args = [
+            _kernel_operand(result, cache),
             partial_acc,
             partial_max,
             partial_sum,
@@ -1272,6 +1304,8 @@ def decode_attention(
             page_shift(cache.block_size),
             query.stride(0),
             query.stride(1),
+            result.stride(0),
+            result.stride(1),
             cache.k.stride(0),
             cache.k.stride(1),
             cache.v.stride(0),
@@ -1287,9 +1321,13 @@ def decode_attention(
         num_splits = choose_num_splits(num_seqs * cache.num_kv_heads, num_tiles, slots)
     num_splits = max(1, min(num_splits, num_tiles))
     num_splits = triton.cdiv(num_tiles, triton.cdiv(num_tiles, num_splits))
+    if num_splits == 1:
+        decode = decode_spec(**geometry, out_dtype=result.dtype, one_split=True)
     grid, args = decode_launch(num_splits)
     launch(decode, grid, *args)
-    partial_acc, partial_max, partial_sum = args[:3]
+    if num_splits == 1:
+        return result
+    partial_acc, partial_max, partial_sum = args[1:4]
     launch(
         reduce,
         (num_seqs, num_q_heads),
