@@ -162,12 +162,26 @@ def test_decode_split_kv_matches_reference(
 
 
 @pytest.mark.parametrize(("window", "softcap"), [(1, None), (50, None), (None, 5.0), (140, 30.0)])
+@pytest.mark.parametrize("num_splits", [1, 2])
 def test_decode_window_and_softcap(
-    window: int | None, softcap: float | None, device: torch.device, gen: torch.Generator
+    window: int | None,
+    softcap: float | None,
+    num_splits: int,
+    device: torch.device,
+    gen: torch.Generator,
 ) -> None:
     batch = _batch([1, 15, 17, 300], device, gen, group=2)
-    out = _decode(batch, sliding_window=window, softcap=softcap, num_splits=2)
+    out = _decode(batch, sliding_window=window, softcap=softcap, num_splits=num_splits)
     _assert_close(out, _expected(batch, window, softcap), INT8_TOLERANCE)
+
+
+@pytest.mark.parametrize(("head_size", "group"), [(256, 1), (128, 16)])
+def test_decode_one_split_in_two_warp_layouts(
+    head_size: int, group: int, device: torch.device, gen: torch.Generator
+) -> None:
+    """One split, whose decode writes the result itself, where a CUDA program takes two warps."""
+    batch = _batch([1, 17, 300], device, gen, head_size=head_size, group=group)
+    _assert_close(_decode(batch, num_splits=1), _expected(batch), INT8_TOLERANCE)
 
 
 @pytest.mark.parametrize(
