@@ -461,6 +461,15 @@ def _bits_from_float(x, is_bf16):
 
 
 @triton.jit
+def _as_output(result, out_ptr, query_bf16):
+    """An fp32 result as ``out_ptr`` holds it: the model dtype's int16 bits where the INT8
+    kernels take their output as bits (see `_attention_types`), else ``out_ptr``'s dtype."""
+    if out_ptr.dtype.element_ty == tl.int16:
+        result = _bits_from_float(result, query_bf16)
+    return result.to(out_ptr.dtype.element_ty)
+
+
+@triton.jit
 def _prepare_query(q, query_bf16, softmax_scale, softcap, QUANTIZED: tl.constexpr):
     """(query operand, its low part or the query again, per-row score scale in log2 units).
 
@@ -599,13 +608,10 @@ def _decode_kernel(
     # sm_90 build gave the tile loop 11 more registers and 48 more instructions, and with both
     # stores masked small decodes ran 0.7 us slower on the H200 (NOTES.md, session 10).
     if ONE_SPLIT:
-        result = acc / running_sum[None, :]
-        if out_ptr.dtype.element_ty == tl.int16:
-            result = _bits_from_float(result, query_bf16)
         o_offsets = seq.to(tl.int64) * stride_o_t + row_head.to(tl.int64)[None, :] * stride_o_h
         tl.store(
             out_ptr + o_offsets + dims[:, None],
-            result.to(out_ptr.dtype.element_ty),
+            _as_output(acc / running_sum[None, :], out_ptr, query_bf16),
             mask=dim_valid[:, None] & row_valid[None, :],
         )
     else:
@@ -736,13 +742,10 @@ def _prefill_kernel(
 
     # ---- Epilogue ----
     out_rows = (q_first + row_token).to(tl.int64)
-    result = acc / running_sum[:, None]
-    if out_ptr.dtype.element_ty == tl.int16:
-        result = _bits_from_float(result, query_bf16)
     o_offsets = out_rows[:, None] * stride_o_t + row_head.to(tl.int64)[:, None] * stride_o_h
     tl.store(
         out_ptr + o_offsets + dims[None, :],
-        result.to(out_ptr.dtype.element_ty),
+        _as_output(acc / running_sum[:, None], out_ptr, query_bf16),
         mask=row_valid[:, None] & dim_valid[None, :],
     )
 
