@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 import torch
 import triton
-from timing import copy_bandwidth, graph_ms, median_ms, read_clear, zero_clear
+from timing import copy_bandwidth, graph_ms, median_ms, plain_read_ms, read_clear, zero_clear
 
 from kvquant import allocate_cache, decode_attention, prefill_attention
 from kvquant.ops import paged_attention
@@ -239,14 +239,18 @@ def budget() -> None:
     """Where an INT8 decode's time goes, graph-timed: each cell single call / per call of a graph
     of GRAPH_CALLS, in us.
 
-    "full": the decode as the table times it. "1 key": every sequence cut to one key, with the
+    "full": the decode as the table times it. "plain read": a kernel that only reads as many
+    bytes (timing.plain_read_ms), the speed of light for any decode of the shape, and "over read"
+    the decode's time beyond it. "1 key": every sequence cut to one key, with the
     same grid and split count (max_seq_len unchanged), so every program still runs its prologue
     and epilogue and the reducer still runs: the fixed part. "reducer": the split reducer alone,
     on partials of the decode's shape. "floor": a graph of 8 KB zero_() calls, the graph launch and
     event pair that every cell pays. "streaming": full minus 1 key, and the KV bytes over it.
+    "3.8 TB/s": the time the issue's bandwidth target allows the shape.
     """
-    print(f"{'batch':>5} {'context':>7} {'splits':>6} {'full':>13} {'1 key':>11} "
-          f"{'reducer':>11} {'floor':>9} {'streaming':>11} {'TB/s':>9}")  # fmt: skip
+    print(f"{'batch':>5} {'context':>7} {'splits':>6} {'full':>13} {'plain read':>13} "
+          f"{'over read':>11} {'1 key':>11} {'reducer':>11} {'floor':>9} {'streaming':>11} "
+          f"{'TB/s':>9} {'3.8 TB/s':>8}")  # fmt: skip
     floor_buffer = torch.empty(2048, device="cuda")
     floor = [graph_ms(*[floor_buffer.zero_] * calls) for calls in (1, GRAPH_CALLS)]
     for batch, context in BUDGET_SHAPES:
@@ -255,6 +259,9 @@ def budget() -> None:
         with recorded_split_counts() as chosen:
             full = [graph_ms(runs[0]), graph_ms(*runs)]
         splits = chosen[-1]
+        num_bytes = kv_bytes(batch, context, torch.int8)
+        plain_read = [plain_read_ms(num_bytes, calls) for calls in (1, GRAPH_CALLS)]
+        over_read = [f - r for f, r in zip(full, plain_read, strict=True)]
         for setup in setups:
             setup.seq_lens.fill_(1)
         one_key = [graph_ms(runs[0]), graph_ms(*runs)]
@@ -267,11 +274,12 @@ def budget() -> None:
         reduce_args += (out.stride(0), out.stride(1))
         reducer = graph_ms(functools.partial(launch, reduce, (batch, NUM_Q_HEADS), *reduce_args))
         streaming = [f - k for f, k in zip(full, one_key, strict=True)]
-        tbs = [kv_bytes(batch, context, torch.int8) / ms / 1e9 for ms in streaming]
+        tbs = [num_bytes / ms / 1e9 for ms in streaming]
         print(
-            f"{batch:>5} {context:>7} {splits:>6} {_us(full):>13} {_us(one_key):>11} "
+            f"{batch:>5} {context:>7} {splits:>6} {_us(full):>13} {_us(plain_read):>13} "
+            f"{_us(over_read):>11} {_us(one_key):>11} "
             f"{_us([reducer]):>11} {_us(floor):>9} {_us(streaming):>11} "
-            f"{'/'.join(f'{t:.2f}' for t in tbs):>9}",
+            f"{'/'.join(f'{t:.2f}' for t in tbs):>9} {num_bytes / 3.8e6:>8.1f}",
             flush=True,
         )
         del setups

@@ -14,11 +14,17 @@ import statistics
 from collections.abc import Callable
 
 import torch
+import triton
+import triton.language as tl
 
 # Over four times the H200's L2 (60 MiB, as torch reports it).
 _CLEAR_BYTES = 256 * 2**20
 # do_bench's defaults as the benchmarks used them: warm up for 25 ms, then time for 200 ms.
 _WARMUP_MS, _REPEAT_MS = 25.0, 200.0
+# The plain read's launch: the fastest of 180 settings (programs per SM, words per step, warps,
+# stages) reading 277 MB on the H200, graph-timed: 66.0 us, 4.19 TB/s; 4.52 TB/s at 8x the bytes
+# (NOTES.md, session 11). Several others came within 0.3 us of it.
+_READ_PROGRAMS_PER_SM, _READ_BLOCK, _READ_WARPS, _READ_STAGES = 8, 1024, 8, 2
 
 
 @functools.cache
@@ -87,3 +93,44 @@ def copy_bandwidth() -> float:
     src = torch.randn(2**29, device="cuda")
     dst = torch.empty_like(src)
     return 2 * src.numel() * 4 / median_ms(lambda: dst.copy_(src)) / 1e6
+
+
+@triton.jit
+def _plain_read_kernel(words_ptr, out_ptr, num_words, words_per_program, BLOCK: tl.constexpr):
+    """XOR of one program's span of int32 words: a read whose result depends on every byte."""
+    start = tl.program_id(0).to(tl.int64) * words_per_program
+    end = tl.multiple_of(tl.minimum(start + words_per_program, num_words), 4)  # 16-byte loads
+    folded = tl.zeros([BLOCK], tl.int32)
+    for offset in range(start, end, BLOCK):
+        words = offset + tl.arange(0, BLOCK)
+        folded ^= tl.load(words_ptr + words, mask=words < end, other=0)
+    tl.store(out_ptr + tl.program_id(0), tl.xor_sum(folded, axis=0))
+
+
+def plain_read_ms(num_bytes: int, calls: int = 1) -> float:
+    """Time per call of reading ``num_bytes`` with nothing else to do, as `graph_ms` times:
+    the speed of light for a kernel that must read that many bytes once (a multiple of 16).
+
+    ``calls`` > 1: a graph of that many reads, each over its own buffer (no L2 reuse).
+    """
+    if num_bytes % 16:
+        raise ValueError(f"num_bytes is {num_bytes}; expected a multiple of 16")
+    num_words = num_bytes // 4
+    programs = torch.cuda.get_device_properties(0).multi_processor_count * _READ_PROGRAMS_PER_SM
+    per_program = triton.cdiv(triton.cdiv(num_words, programs), _READ_BLOCK) * _READ_BLOCK
+    folds = torch.empty(programs, dtype=torch.int32, device="cuda")
+    buffers = [torch.ones(num_words, dtype=torch.int32, device="cuda") for _ in range(calls)]
+    reads = [
+        functools.partial(
+            _plain_read_kernel[(programs,)],
+            buffer,
+            folds,
+            num_words,
+            per_program,
+            BLOCK=_READ_BLOCK,
+            num_warps=_READ_WARPS,
+            num_stages=_READ_STAGES,
+        )
+        for buffer in buffers
+    ]
+    return graph_ms(*reads)
