@@ -240,8 +240,8 @@ def budget() -> None:
     of GRAPH_CALLS, in us.
 
     "full": the decode as the table times it. "plain read": a kernel that only reads as many
-    bytes (timing.plain_read_ms), the speed of light for any decode of the shape, and "over read"
-    the decode's time beyond it. "1 key": every sequence cut to one key, with the
+    bytes (timing.plain_read_ms), the reference for any decode of the shape, and "over read" the
+    decode's time beyond it. "1 key": every sequence cut to one key, with the
     same grid and split count (max_seq_len unchanged), so every program still runs its prologue
     and epilogue and the reducer still runs: the fixed part. "reducer": the split reducer alone,
     on partials of the decode's shape. "floor": a graph of 8 KB zero_() calls, the graph launch and

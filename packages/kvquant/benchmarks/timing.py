@@ -5,6 +5,10 @@ four times the L2's size first. Triton's do_bench clears it by zeroing that buff
 the dirty lines the zeroing leaves are written back to DRAM while the next timed call runs. On
 the H200 that added 7.6-9.8 us to every decode of either cache, a tenth of the INT8 batch 16 / 8k
 call (NOTES.md, session 10; `benchmark_paged_attention.py --flush` shows both).
+
+Two references are timed the same way: the device's copy bandwidth, and a plain read of a given
+number of bytes by a kernel that does nothing else, against which a kernel that must read as
+many bytes can be judged at its own size (launch and ramp included).
 """
 
 from __future__ import annotations
@@ -108,8 +112,8 @@ def _plain_read_kernel(words_ptr, out_ptr, num_words, words_per_program, BLOCK: 
 
 
 def plain_read_ms(num_bytes: int, calls: int = 1) -> float:
-    """Time per call of reading ``num_bytes`` with nothing else to do, as `graph_ms` times:
-    the speed of light for a kernel that must read that many bytes once (a multiple of 16).
+    """Time per call of reading ``num_bytes`` (a multiple of 16) with nothing else to do, as
+    `graph_ms` times it: the reference for a kernel that must read that many bytes once.
 
     ``calls`` > 1: a graph of that many reads, each over its own buffer (no L2 reuse).
     """
