@@ -15,6 +15,7 @@ import torch
 from kvquant import InvalidInputError, decode_attention, prefill_attention
 from kvquant import reference as ref
 from kvquant._batch import PagedBatch, make_paged_batch
+from kvquant.ops.paged_attention import choose_num_splits
 
 from conftest import require_cuda
 
@@ -159,6 +160,17 @@ def test_decode_split_kv_matches_reference(
 ) -> None:
     batch = _batch([1, 200, 383, longest], device, gen)
     _assert_close(_decode(batch, num_splits=num_splits), _expected(batch), INT8_TOLERANCE)
+
+
+def test_split_choice_counts_the_one_split_variant_slots() -> None:
+    """One split launches its own variant, which may hold fewer programs per SM than the split
+    decode (H200, 16-bit cache: 8 against 12): 1536 unsplit programs then need two waves."""
+    programs, tiles = 1536, 256
+    assert choose_num_splits(programs, tiles, 1584, one_split_slots=1584) == 1
+    assert choose_num_splits(programs, tiles, 1584, one_split_slots=1056) == 2
+    # Where splitting wins anyway (batch 16 at 8k, INT8 tiles), the one-split slots change nothing.
+    assert choose_num_splits(128, 128, 1056, one_split_slots=1056) == 8
+    assert choose_num_splits(128, 128, 1056, one_split_slots=528) == 8
 
 
 @pytest.mark.parametrize(("window", "softcap"), [(1, None), (50, None), (None, 5.0), (140, 30.0)])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import inspect
 import os
 from dataclasses import dataclass
@@ -192,9 +194,9 @@ def launch(spec: KernelSpec, grid: tuple[int, ...], *args: object) -> None:
 def resident_programs(spec: KernelSpec, grid: tuple[int, ...], *args: object) -> int:
     """How many programs of ``spec`` one SM (CU) holds at once, from its compiled resource use.
 
-    Compiles the kernel for ``args`` (as a launch would; nothing runs). CUDA: registers are
-    allocated per warp in blocks of 256, shared memory per block with 1 KiB reserved. HIP: the
-    CDNA2 formula of ``kvquant.build`` on the kernel's VGPRs and LDS.
+    Compiles the kernel for ``args`` (as a launch would; nothing runs). CUDA: the driver's own
+    count (`_cuda_resident_blocks`). HIP: the CDNA2 formula of ``kvquant.build`` on the kernel's
+    VGPRs and LDS.
     """
     kernel = spec.kernel.warmup(
         *args, grid=grid, **spec.constexprs, num_warps=spec.num_warps, num_stages=spec.num_stages
@@ -210,10 +212,31 @@ def resident_programs(spec: KernelSpec, grid: tuple[int, ...], *args: object) ->
             vgprs=int(kernel.n_regs), agprs=0, sgprs=0, lds_bytes=shared, num_warps=spec.num_warps
         )
         return max(1, waves * 4 // spec.num_warps)
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    registers_per_warp = -(-max(int(kernel.n_regs), 1) * 32 // 256) * 256
-    by_registers = int(getattr(props, "regs_per_multiprocessor", 65536)) // registers_per_warp
-    by_registers //= spec.num_warps
-    by_threads = props.max_threads_per_multi_processor // (32 * spec.num_warps)
-    by_shared = props.shared_memory_per_multiprocessor // (shared + 1024)
-    return max(1, min(by_registers, by_threads, by_shared, 32))
+    return _cuda_resident_blocks(int(kernel.function), 32 * spec.num_warps, shared)
+
+
+@functools.cache
+def _libcuda() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def _cuda_resident_blocks(function: int, threads: int, dynamic_shared: int) -> int:
+    """Blocks of a loaded kernel one SM holds, as the driver schedules them
+    (cuOccupancyMaxActiveBlocksPerMultiprocessor).
+
+    Asked rather than derived: each of an SM's four schedulers owns a quarter of the register
+    file, so whole warps must fit in a quarter. The 16-bit one-split decode (185 registers on the
+    H200, Triton 3.6) fits twice per quarter, 8 programs per SM, where the whole file divided by
+    its 6144 registers per warp says 10; a batch of 144 sequences at one split (1152 programs)
+    then took 1.6x the time of 128 (NOTES.md, session 11).
+    """
+    blocks = ctypes.c_int()
+    status = _libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(blocks),
+        ctypes.c_void_p(function),
+        ctypes.c_int(threads),
+        ctypes.c_size_t(dynamic_shared),
+    )
+    if status != 0:
+        raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor: CUresult {status}")
+    return max(1, blocks.value)

@@ -86,7 +86,8 @@ _PREFILL_ROWS = 64
 _PREFILL_TILE_N = 64
 _PREFILL_STAGES = 2
 # Split-KV choice (version 7, NOTES.md). Decode programs start in waves of `slots` (SMs times
-# the programs one SM holds, from the compiled kernel); a split count s costs about
+# the programs one SM holds, from the compiled kernel: the one-split variant's own for one
+# split, session 11); a split count s costs about
 #   waves(s) * (tiles per split + _SPLIT_OVERHEAD_TILES),
 # the overhead being the query prologue and the partial-result epilogue. On the H200 this model
 # ranked the measured split counts of batch 4/16/64 x 8k/32k in their measured order.
@@ -808,17 +809,20 @@ def _multiprocessor_count(device_index: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def choose_num_splits(num_programs: int, num_tiles: int, slots: int) -> int:
+def choose_num_splits(num_programs: int, num_tiles: int, slots: int, one_split_slots: int) -> int:
     """Split-KV count for decode: the cheapest under the wave model above, never an empty split.
 
     ``num_programs`` is the unsplit grid (sequences x kv heads), ``num_tiles`` the KV tiles of the
-    longest sequence, ``slots`` the programs the whole device holds at once. Ties go to fewer
-    splits (less partial-result traffic).
+    longest sequence, ``slots`` the programs of the split decode the whole device holds at once,
+    ``one_split_slots`` those of the one-split variant, which is what one split launches. Ties go
+    to fewer splits (less partial-result traffic).
     """
 
     def cost(splits: int) -> int:
         per_split = -(-num_tiles // splits)
-        waves = -(-num_programs * -(-num_tiles // per_split) // slots)
+        used_splits = -(-num_tiles // per_split)
+        device_slots = one_split_slots if used_splits == 1 else slots
+        waves = -(-num_programs * used_splits // device_slots)
         return waves * (per_split + _SPLIT_OVERHEAD_TILES)
 
     best = min(range(1, max(num_tiles, 1) + 1), key=lambda splits: (cost(splits), splits))
@@ -1319,13 +1323,18 @@ def decode_attention(
         ]
         return grid, args
 
+    one_split = decode_spec(**geometry, out_dtype=result.dtype, one_split=True)
     if num_splits is None:
-        slots = _device_slots(decode, query.device, lambda: decode_launch(2))
-        num_splits = choose_num_splits(num_seqs * cache.num_kv_heads, num_tiles, slots)
+        num_splits = choose_num_splits(
+            num_seqs * cache.num_kv_heads,
+            num_tiles,
+            _device_slots(decode, query.device, lambda: decode_launch(2)),
+            _device_slots(one_split, query.device, lambda: decode_launch(1)),
+        )
     num_splits = max(1, min(num_splits, num_tiles))
     num_splits = triton.cdiv(num_tiles, triton.cdiv(num_tiles, num_splits))
     if num_splits == 1:
-        decode = decode_spec(**geometry, out_dtype=result.dtype, one_split=True)
+        decode = one_split
     grid, args = decode_launch(num_splits)
     launch(decode, grid, *args)
     if num_splits == 1:
