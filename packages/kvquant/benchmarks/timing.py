@@ -120,7 +120,8 @@ def plain_read_ms(num_bytes: int, calls: int = 1) -> float:
     if num_bytes % 16:
         raise ValueError(f"num_bytes is {num_bytes}; expected a multiple of 16")
     num_words = num_bytes // 4
-    programs = torch.cuda.get_device_properties(0).multi_processor_count * _READ_PROGRAMS_PER_SM
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    programs = sms * _READ_PROGRAMS_PER_SM
     per_program = triton.cdiv(triton.cdiv(num_words, programs), _READ_BLOCK) * _READ_BLOCK
     folds = torch.empty(programs, dtype=torch.int32, device="cuda")
     buffers = [torch.ones(num_words, dtype=torch.int32, device="cuda") for _ in range(calls)]
