@@ -30,6 +30,10 @@ def test_shipped_configs_pick_their_backends() -> None:
     assert vllm.backend == "vllm"
     assert {run.mode for run in vllm.runs} == {"single-pass", "generate"}
     assert (vllm.baseline, vllm.candidate) == ("auto", "int8")
+    gpu = load_config(PACKAGE_ROOT / "configs" / "accuracy-gpu.toml")
+    assert (gpu.backend, gpu.device) == ("kvquant-hf", "cuda")
+    assert {run.mode for run in gpu.runs} == {"single-pass", "decode", "generate"}
+    assert "kvb_gsm8k" in {task for run in gpu.runs for task in run.tasks}
 
 
 def test_backend_defaults_to_kvquant_hf(tmp_path: Path) -> None:

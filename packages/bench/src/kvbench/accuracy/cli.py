@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .._extras import missing_module_error
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``accuracy`` subcommand to the ``kvbench`` parser."""
@@ -98,6 +100,8 @@ def _run(args: argparse.Namespace) -> int:
     except AccuracyError as error:
         print(f"kvbench accuracy: error: {error}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as error:
+        return missing_module_error("accuracy", "accuracy", error)
     print(format_table(result))
     if args.json_out is not None:
         args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

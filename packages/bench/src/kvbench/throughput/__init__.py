@@ -8,11 +8,28 @@ beyond the history's noise, stores the run (SQLite by default, any SQLAlchemy UR
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._errors import EngineMissingError, HistoryError, MatrixError, ThroughputError
-from ._history import History, default_history_url
 from ._matrix import Gates, Matrix, load_matrix
 from ._regression import Verdict, judge
-from ._run import run_throughput
+
+if TYPE_CHECKING:
+    from ._history import History, default_history_url
+    from ._run import run_throughput
+
+# Names whose modules need the `throughput` extra (SQLAlchemy, Alembic, matplotlib) load on first
+# use: `kvbench`'s command line imports every family to register it, and `kvbench accuracy` must
+# run where only the `accuracy` extra is installed.
+_NEEDS_EXTRA = {"History": "_history", "default_history_url": "_history", "run_throughput": "_run"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NEEDS_EXTRA:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_NEEDS_EXTRA[name]}", __name__), name)
+
 
 __all__ = [
     "EngineMissingError",

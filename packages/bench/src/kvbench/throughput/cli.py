@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .._extras import missing_module_error
+
 DEFAULT_OUT = Path("kvbench-throughput")
 
 
@@ -76,15 +78,19 @@ def _table(result: dict[str, Any]) -> str:
 
 
 def _throughput(args: argparse.Namespace) -> int:
-    from . import ThroughputError, run_throughput
+    from . import ThroughputError
 
     try:
+        from . import run_throughput
+
         result = run_throughput(
             args.matrix, history_url=args.history, out_dir=args.out, progress=not args.no_progress
         )
     except ThroughputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as error:
+        return missing_module_error("throughput", "throughput", error)
     print(_table(result))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
@@ -93,9 +99,11 @@ def _throughput(args: argparse.Namespace) -> int:
 
 
 def _history(args: argparse.Namespace) -> int:
-    from . import History, ThroughputError, default_history_url
+    from . import ThroughputError
 
     try:
+        from . import History, default_history_url
+
         history = History(args.history or default_history_url(DEFAULT_OUT))
         try:
             runs = history.runs(args.limit)
@@ -104,6 +112,8 @@ def _history(args: argparse.Namespace) -> int:
     except ThroughputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as error:
+        return missing_module_error("history", "throughput", error)
     for run in runs:
         print(
             f"{run['id']:>5} {run['started_at']} {run['matrix']:<20} {run['hardware_key']} "
