@@ -10,7 +10,6 @@ from pathlib import Path
 
 _RUN_HIDING = """
 import sys
-from pathlib import Path
 
 class Uninstalled:
     def find_spec(self, name, path=None, target=None):
