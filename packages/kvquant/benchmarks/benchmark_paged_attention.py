@@ -27,9 +27,10 @@ from collections.abc import Iterator
 
 import torch
 import triton
+import triton.language as tl
 from timing import copy_bandwidth, graph_ms, median_ms, plain_read_ms, read_clear, zero_clear
 
-from kvquant import allocate_cache, decode_attention, prefill_attention
+from kvquant import PagedKVCache, allocate_cache, decode_attention, prefill_attention
 from kvquant.ops import paged_attention
 from kvquant.ops._common import launch
 
@@ -231,6 +232,98 @@ def split_sweep() -> None:
             del setup
 
 
+@triton.jit
+def _paged_gather_kernel(
+    out_ptr,
+    k_ptr,  # int32 words of the K codes, [num_blocks, kv_heads, PAGE_WORDS] with strides
+    v_ptr,  # the same for V
+    k_scale_ptr,  # the K scales' bits, [num_blocks, kv_heads, PAGE_SCALES]
+    v_scale_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    pages_per_split,
+    stride_b,  # words between pages in K and V
+    stride_h,  # words between kv heads of a page in K and V
+    stride_s_b,
+    stride_s_h,
+    stride_bt,
+    PAGE_WORDS: tl.constexpr,
+    PAGE_SCALES: tl.constexpr,
+    PAGES: tl.constexpr,
+):
+    """XOR of every word an INT8 decode program reads: program (sequence, kv head, split) walks
+    its split's pages through the block table, PAGES at a time, and reads each page's K and V
+    codes and scales of its kv head, with no attention work."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    first = tl.program_id(2) * pages_per_split
+    last = tl.minimum(first + pages_per_split, tl.cdiv(seq_len, PAGE_SCALES))
+    words = tl.arange(0, PAGE_WORDS)
+    scales = tl.arange(0, PAGE_SCALES)
+    folded = tl.zeros([PAGES, PAGE_WORDS], tl.int32)
+    folded_scales = tl.zeros([PAGES, PAGE_SCALES], tl.int32)
+    for step in range(first, last, PAGES):
+        pages = step + tl.arange(0, PAGES)
+        valid = pages < last
+        block = tl.load(block_table_ptr + seq.to(tl.int64) * stride_bt + pages, mask=valid, other=0)
+        base = tl.multiple_of(block.to(tl.int64) * stride_b + kv_head * stride_h, 16)
+        codes = base[:, None] + words[None, :]
+        folded ^= tl.load(k_ptr + codes, mask=valid[:, None], other=0)
+        folded ^= tl.load(v_ptr + codes, mask=valid[:, None], other=0)
+        s_base = block.to(tl.int64) * stride_s_b + kv_head * stride_s_h
+        scale_at = s_base[:, None] + scales[None, :]
+        folded_scales ^= tl.load(k_scale_ptr + scale_at, mask=valid[:, None], other=0)
+        folded_scales ^= tl.load(v_scale_ptr + scale_at, mask=valid[:, None], other=0)
+    program = (seq * tl.num_programs(1) + kv_head) * tl.num_programs(2) + tl.program_id(2)
+    folded_all = tl.xor_sum(tl.xor_sum(folded, axis=1), axis=0)
+    tl.store(out_ptr + program, folded_all ^ tl.xor_sum(tl.xor_sum(folded_scales, axis=1), axis=0))
+
+
+# Tied fastest (with 8 pages on 8 warps) of 16 reader settings on the H200 at every budget shape
+# (4 or 8 pages a step, 1-8 warps, 2 or 3 stages; NOTES.md, session 13). With one warp and 4 pages,
+# the decode's own shape, this kernel (plain loads: with no dot, Triton uses no cp.async) took up
+# to 12% longer, by machine.
+GATHER_PAGES, GATHER_WARPS, GATHER_STAGES = 4, 4, 3
+
+
+def paged_gather(setup: DecodeSetup, splits: int) -> functools.partial[object]:
+    """A launch of _paged_gather_kernel over ``setup``'s INT8 cache on the decode's grid."""
+    cache: PagedKVCache = setup.cache
+    assert cache.k_scale is not None and cache.v_scale is not None
+    # K, V and both scales are views of one page buffer (16-byte aligned runs): address them as
+    # int32 words from where each starts, with their strides in words.
+    words = cache.pages.view(torch.int32).view(-1)
+
+    def word_view(part: torch.Tensor) -> torch.Tensor:
+        return words[(part.data_ptr() - cache.pages.data_ptr()) // 4 :]
+
+    pages_per_seq = setup.block_table.shape[1]
+    pages_per_split = triton.cdiv(triton.cdiv(pages_per_seq, splits), GATHER_PAGES) * GATHER_PAGES
+    folds = setup.block_table.new_empty(setup.query.shape[0] * NUM_KV_HEADS * splits)
+    return functools.partial(
+        _paged_gather_kernel[(setup.query.shape[0], NUM_KV_HEADS, splits)],
+        folds,
+        word_view(cache.k),
+        word_view(cache.v),
+        word_view(cache.k_scale),
+        word_view(cache.v_scale),
+        setup.block_table,
+        setup.seq_lens,
+        pages_per_split,
+        cache.k.stride(0) // 4,
+        cache.k.stride(1) // 4,
+        cache.k_scale.stride(0),
+        cache.k_scale.stride(1),
+        setup.block_table.stride(0),
+        PAGE_WORDS=BLOCK_SIZE * HEAD_SIZE // 4,
+        PAGE_SCALES=BLOCK_SIZE,
+        PAGES=GATHER_PAGES,
+        num_warps=GATHER_WARPS,
+        num_stages=GATHER_STAGES,
+    )
+
+
 # Shapes of the time budget: the 16/8k row misses the issue's bandwidth target; the others meet it.
 BUDGET_SHAPES = ((16, 8192), (16, 32768), (64, 32768))
 TARGET_TB_S = 3.8
@@ -242,16 +335,19 @@ def budget() -> None:
 
     "full": the decode as the table times it. "plain read": a kernel that only reads as many
     bytes (timing.plain_read_ms), the reference for any decode of the shape, and "over read" the
-    decode's time beyond it. "1 key": every sequence cut to one key, with the
-    same grid and split count (max_seq_len unchanged), so every program still runs its prologue
-    and epilogue and the reducer still runs: the fixed part. "reducer": the split reducer alone,
-    on partials of the decode's shape. "floor": a graph of 8 KB zero_() calls, the graph launch and
-    event pair that every cell pays. "streaming": full minus 1 key, and the KV bytes over it.
-    "target": the time the issue's bandwidth target (TARGET_TB_S) allows the shape.
+    decode's time beyond it. "paged gather": the decode's own reads (the same pages through the
+    block table, on the same grid and split count) with no attention work
+    (`_paged_gather_kernel`): what its access pattern allows. "1 key": every
+    sequence cut to one key, with the same grid and split count (max_seq_len unchanged), so every
+    program still runs its prologue and epilogue and the reducer still runs: the fixed part.
+    "reducer": the split reducer alone, on partials of the decode's shape. "floor": a graph of 8 KB
+    zero_() calls, the graph launch and event pair that every cell pays. "streaming": full minus 1
+    key, and the KV bytes over it. "target": the time the issue's bandwidth target (TARGET_TB_S)
+    allows the shape.
     """
     print(f"{'batch':>5} {'context':>7} {'splits':>6} {'full':>13} {'plain read':>13} "
-          f"{'over read':>11} {'1 key':>11} {'reducer':>11} {'floor':>9} {'streaming':>11} "
-          f"{'TB/s':>9} {'target':>8}")  # fmt: skip
+          f"{'over read':>11} {'paged gather':>13} {'1 key':>11} {'reducer':>11} {'floor':>9} "
+          f"{'streaming':>11} {'TB/s':>9} {'target':>8}")  # fmt: skip
     floor_buffer = torch.empty(2048, device="cuda")
     floor = [graph_ms(*[floor_buffer.zero_] * calls) for calls in (1, GRAPH_CALLS)]
     for batch, context in BUDGET_SHAPES:
@@ -263,6 +359,8 @@ def budget() -> None:
         num_bytes = kv_bytes(batch, context, torch.int8)
         plain_read = [plain_read_ms(num_bytes, calls) for calls in (1, GRAPH_CALLS)]
         over_read = [f - r for f, r in zip(full, plain_read, strict=True)]
+        gathers = [paged_gather(setup, splits) for setup in setups]
+        gather = [graph_ms(gathers[0]), graph_ms(*gathers)]
         for setup in setups:
             setup.seq_lens.fill_(1)
         one_key = [graph_ms(runs[0]), graph_ms(*runs)]
@@ -278,7 +376,7 @@ def budget() -> None:
         tbs = [num_bytes / ms / 1e9 for ms in streaming]
         print(
             f"{batch:>5} {context:>7} {splits:>6} {_us(full):>13} {_us(plain_read):>13} "
-            f"{_us(over_read):>11} {_us(one_key):>11} "
+            f"{_us(over_read):>11} {_us(gather):>13} {_us(one_key):>11} "
             f"{_us([reducer]):>11} {_us(floor):>9} {_us(streaming):>11} "
             f"{'/'.join(f'{t:.2f}' for t in tbs):>9} {num_bytes / TARGET_TB_S / 1e6:>8.1f}",
             flush=True,
