@@ -237,7 +237,7 @@ def _paged_gather_kernel(
     out_ptr,
     k_ptr,  # int32 words of the K codes, [num_blocks, kv_heads, PAGE_WORDS] with strides
     v_ptr,  # the same for V
-    k_scale_ptr,  # the K scales' bits, [num_blocks, kv_heads, PAGE_SCALES]
+    k_scale_ptr,  # the K scales' bits, [num_blocks, kv_heads, PAGE_TOKENS]
     v_scale_ptr,
     block_table_ptr,
     seq_lens_ptr,
@@ -248,7 +248,7 @@ def _paged_gather_kernel(
     stride_s_h,
     stride_bt,
     PAGE_WORDS: tl.constexpr,
-    PAGE_SCALES: tl.constexpr,
+    PAGE_TOKENS: tl.constexpr,  # keys per page, one K and one V scale each
     PAGES: tl.constexpr,
 ):
     """XOR of every word an INT8 decode program reads: program (sequence, kv head, split) walks
@@ -258,11 +258,11 @@ def _paged_gather_kernel(
     kv_head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq)
     first = tl.program_id(2) * pages_per_split
-    last = tl.minimum(first + pages_per_split, tl.cdiv(seq_len, PAGE_SCALES))
+    last = tl.minimum(first + pages_per_split, tl.cdiv(seq_len, PAGE_TOKENS))
     words = tl.arange(0, PAGE_WORDS)
-    scales = tl.arange(0, PAGE_SCALES)
+    scales = tl.arange(0, PAGE_TOKENS)
     folded = tl.zeros([PAGES, PAGE_WORDS], tl.int32)
-    folded_scales = tl.zeros([PAGES, PAGE_SCALES], tl.int32)
+    folded_scales = tl.zeros([PAGES, PAGE_TOKENS], tl.int32)
     for step in range(first, last, PAGES):
         pages = step + tl.arange(0, PAGES)
         valid = pages < last
@@ -317,7 +317,7 @@ def paged_gather(setup: DecodeSetup, splits: int) -> functools.partial[object]:
         cache.k_scale.stride(1),
         setup.block_table.stride(0),
         PAGE_WORDS=BLOCK_SIZE * HEAD_SIZE // 4,
-        PAGE_SCALES=BLOCK_SIZE,
+        PAGE_TOKENS=BLOCK_SIZE,
         PAGES=GATHER_PAGES,
         num_warps=GATHER_WARPS,
         num_stages=GATHER_STAGES,
