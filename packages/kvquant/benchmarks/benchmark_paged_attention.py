@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from timing import copy_bandwidth, graph_ms, median_ms, plain_read_ms, read_clear, zero_clear
 
-from kvquant import PagedKVCache, allocate_cache, decode_attention, prefill_attention
+from kvquant import allocate_cache, decode_attention, prefill_attention
 from kvquant.ops import paged_attention
 from kvquant.ops._common import launch
 
@@ -289,7 +289,7 @@ GATHER_PAGES, GATHER_WARPS, GATHER_STAGES = 4, 4, 3
 
 def paged_gather(setup: DecodeSetup, splits: int) -> functools.partial[object]:
     """A launch of _paged_gather_kernel over ``setup``'s INT8 cache on the decode's grid."""
-    cache: PagedKVCache = setup.cache
+    cache = setup.cache
     assert cache.k_scale is not None and cache.v_scale is not None
     # K, V and both scales are views of one page buffer (16-byte aligned runs): address them as
     # int32 words from where each starts, with their strides in words.
