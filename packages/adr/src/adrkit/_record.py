@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from adrkit._errors import RecordError, ResultsError
+from adrkit._files import atomic_write
 
 SCHEMA_VERSION = 1
 RECORD_SUFFIX = ".json"
@@ -171,9 +171,7 @@ def write_record(results_root: Path, record: Record) -> Path:
     run_dir = results_root / record.provenance.run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / f"{record.stage}{RECORD_SUFFIX}"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n")
     return path
 
 

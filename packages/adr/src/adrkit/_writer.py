@@ -3,13 +3,13 @@
 The update is all-or-nothing in what it checks: every ADR is parsed and every block rendered
 before the first byte is written, so a malformed marker or an unknown block key anywhere leaves
 every file as it was. Each file is then replaced atomically (temp file, fsync, rename), and the
-whole update runs under a file lock, so concurrent writers serialise instead of losing updates.
+whole update runs under a file lock, so concurrent writers serialise instead of losing updates; the
+temp files of a writer killed before its rename are removed by the next update.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +20,7 @@ import git
 from adrkit import _document
 from adrkit._blocks import Records, asset_name, is_figure, render_block
 from adrkit._errors import AdrError, CommitError
+from adrkit._files import atomic_write, remove_stale_temps
 from adrkit._record import load_latest
 
 INDEX_NAME = "README.md"
@@ -69,7 +70,11 @@ def update_adrs(
         records = load_latest(results)
         planned = _plan(adr_dir, records)
         changed = tuple(path for path, content in planned.items() if _read(path) != content)
-        if check or not changed:
+        if check:
+            return UpdateResult(changed)
+        for path in planned:
+            remove_stale_temps(path)
+        if not changed:
             return UpdateResult(changed)
         for path in changed:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,25 +135,6 @@ def render_index(documents: list[_document.Document]) -> str:
             "",
         ]
     )
-
-
-def atomic_write(path: Path, content: str | bytes) -> None:
-    """Replace ``path`` with ``content`` so that a reader, or a crash, sees the old or the new
-    file."""
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(tmp_name)
-    try:
-        data = content.encode("utf-8") if isinstance(content, str) else content
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.chmod(mode)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _repo_for_commit(adr_dir: Path, branch: str) -> git.Repo:
