@@ -78,10 +78,17 @@ def test(session: nox.Session) -> None:
         "flows/tests",
         "infra/tests",
     ]
+    # One pytest per package: each reads its own pyproject's configuration. Every package runs
+    # even after one fails, so a red run reports all of its failures, not the first package's.
+    failed = []
     for target in targets:
-        # One pytest per package: each reads its own pyproject's configuration.
         parallel = PARALLEL_TESTS.get(target, [])
-        session.run("python", "-m", "pytest", target, *parallel, env=QUIET_ENV)
+        try:
+            session.run("python", "-m", "pytest", target, *parallel, env=QUIET_ENV)
+        except nox.command.CommandFailed:
+            failed.append(target)
+    if failed:
+        session.error(f"tests failed in {', '.join(failed)}")
 
 
 @nox.session
