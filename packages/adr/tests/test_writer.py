@@ -119,8 +119,8 @@ update_adrs(adr_dir, results)
 """
 
 
-def _files(directory: Path) -> dict[str, str]:
-    return {p.name: p.read_text() for p in directory.iterdir() if p.is_file()}
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
 @pytest.mark.parametrize("renames_done", [0, 1, 2])
@@ -128,11 +128,11 @@ def test_writer_killed_before_a_rename_leaves_each_file_old_or_new_and_the_next_
     adr_dir: Path, results: Path, tmp_path: Path, renames_done: int
 ) -> None:
     (adr_dir / "0013-second.md").write_text(ADR_EN.replace("# 0012 Vendor", "# 0013 Second"))
-    old = _files(adr_dir)
+    old = _snapshot(adr_dir)
     clean_run = tmp_path / "clean-run"
     shutil.copytree(adr_dir, clean_run)
     update_adrs(clean_run, results)
-    new = _files(clean_run)
+    new = _snapshot(clean_run)
     assert len(new) == 3  # two ADRs and the index, all changed, so every kill lands mid-update
     assert all(new[name] != old.get(name) for name in new)
 
@@ -151,14 +151,14 @@ def test_writer_killed_before_a_rename_leaves_each_file_old_or_new_and_the_next_
     assert killed.returncode == -signal.SIGKILL
     temps = [p.name for p in adr_dir.iterdir() if p.name.endswith(".tmp")]
     assert len(temps) == 1, temps  # the file whose rename never happened
-    after = {name: text for name, text in _files(adr_dir).items() if name not in temps}
+    after = {name: text for name, text in _snapshot(adr_dir).items() if name not in temps}
     replaced = [name for name, text in after.items() if text == new[name]]
     kept = [name for name, text in after.items() if text == old.get(name)]
     assert len(replaced) == renames_done
     assert sorted(replaced + kept) == sorted(after)
 
     update_adrs(adr_dir, results)
-    assert _files(adr_dir) == new  # every file new, no temp file left
+    assert _snapshot(adr_dir) == new  # every file new, no temp file left
 
 
 def test_check_detects_staleness_and_writes_nothing(adr_dir: Path, results: Path) -> None:
@@ -169,10 +169,6 @@ def test_check_detects_staleness_and_writes_nothing(adr_dir: Path, results: Path
     assert main(["update", "--adr-dir", str(adr_dir), "--results", str(results), "--check"]) == 0
     write_record(results, make_record(run_id="run-2", ended_at="2026-11-30T00:00:00Z"))
     assert main(["update", "--adr-dir", str(adr_dir), "--results", str(results), "--check"]) == 1
-
-
-def _snapshot(directory: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
 def test_unknown_block_key_changes_no_file(adr_dir: Path, results: Path) -> None:
