@@ -94,6 +94,17 @@ def test_sdist_against_a_later_commit_shows_the_change(tiny: Tiny, tmp_path: Pat
     ]
 
 
+@pytest.mark.parametrize("keep", [0.5, 0.0])
+def test_broken_sdist_is_a_one_line_error(tiny: Tiny, tmp_path: Path, keep: float) -> None:
+    data = tiny.sdist.read_bytes()
+    broken = tmp_path / tiny.sdist.name
+    broken.write_bytes(data[: int(len(data) * keep)])  # truncated, or empty
+    expected = f"`sdist:{broken}`: file {str(broken)!r} is not a readable .tar.gz archive"
+    with pytest.raises(forkaudit.SpecError) as raised:
+        forkaudit.diff(f"sdist:{broken}", f"git:{tiny.repo}")
+    assert str(raised.value) == expected
+
+
 def test_wheel_in_scope_matches_the_source(tiny: Tiny) -> None:
     report = forkaudit.diff(f"wheel:{tiny.wheel}", f"git:{tiny.repo}", scope="tinypkg/")
     document = report.to_dict()

@@ -99,7 +99,10 @@ def bad_inputs(repos: Repos, tmp_path: Path) -> dict[str, list[str]]:
     loose.write_bytes(b"\x78\x9c garbage")
     rules = tmp_path / "rules.toml"
     rules.write_text('title = "x"\ntypo = 1\n[[group]]\ntitle = "a"\narea = "a"\n')
+    negative = tmp_path / "negative.toml"
+    negative.write_text('[[group]]\ntitle = "a"\narea = "a"\n[history]\nfiles_per_topic = -3\n')
     upstream = f"git:{repos.upstream}@v0.1.1"
+    find_base = ["find-base", "--fork", str(repos.fork2), "--upstream-repo", str(repos.upstream)]
     return {
         "missing path": ["diff", "--fork", str(tmp_path / "nowhere"), "--upstream", upstream],
         "not a git repository": ["diff", "--fork", str(plain), "--upstream", upstream],
@@ -116,6 +119,33 @@ def bad_inputs(repos: Repos, tmp_path: Path) -> dict[str, list[str]]:
             "--rules",
             str(rules),
         ],
+        "negative files_per_topic": [
+            "diff",
+            "--fork",
+            str(repos.fork),
+            "--upstream",
+            upstream,
+            "--rules",
+            str(negative),
+        ],
+        "mistyped scope": [
+            "diff",
+            "--fork",
+            str(repos.fork),
+            "--upstream",
+            upstream,
+            "--scope",
+            "nonexist/",
+            "--fail-on-surprise",
+        ],
+        "mistyped scope in find-base": [
+            *find_base,
+            "--candidates",
+            "v0.1.1..v0.2.0",
+            "--scope",
+            "zz/",
+        ],
+        "reversed range": [*find_base, "--candidates", "v0.2.0..v0.1.1"],
         "missing option": ["diff", "--fork", str(repos.fork)],
         "unwritable output": [
             "diff",
@@ -126,15 +156,7 @@ def bad_inputs(repos: Repos, tmp_path: Path) -> dict[str, list[str]]:
             "--json",
             str(plain / "no" / "x.json"),
         ],
-        "bad candidates": [
-            "find-base",
-            "--fork",
-            str(repos.fork2),
-            "--upstream-repo",
-            str(repos.upstream),
-            "--candidates",
-            "v9..v10",
-        ],
+        "bad candidates": [*find_base, "--candidates", "v9..v10"],
     }
 
 
@@ -143,9 +165,13 @@ EXPECTED_MESSAGES = {
     "not a git repository": "is not a git repository",
     "unknown ref": "unknown ref 'no-such-ref'",
     "empty repository": "is empty",
-    "unreadable file": "cannot read sdist",
+    "unreadable file": "garbage.tar.gz' is not a readable .tar.gz archive\n",
     "corrupt object": "git ls-tree failed",
     "unknown rules key": "unknown key `typo`",
+    "negative files_per_topic": "`files_per_topic` must be a positive integer, got -3",
+    "mistyped scope": "scope 'nonexist/' matches no file of the fork or the upstream",
+    "mistyped scope in find-base": "scope 'zz/' matches no file of the fork or of any candidate",
+    "reversed range": "'v0.2.0..v0.1.1' is empty: 'v0.1.1' is an ancestor of 'v0.2.0'",
     "missing option": "the following arguments are required: --upstream",
     "unwritable output": "No such file or directory",
     "bad candidates": "unknown ref 'v9'",
@@ -162,3 +188,25 @@ def test_bad_input_is_one_line_and_exit_2(
     assert stderr.startswith("forkaudit: error: ")
     assert EXPECTED_MESSAGES[case] in stderr
     assert "Traceback" not in stderr
+
+
+def test_bad_input_leaves_earlier_outputs_alone(
+    repos: Repos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "audit.json"
+    report.write_text('{"kept": true}\n')
+    code, stdout, stderr = _run(
+        capsys,
+        "diff",
+        "--fork",
+        str(repos.fork),
+        "--upstream",
+        f"git:{repos.upstream}@v0.1.1",
+        "--scope",
+        "vlm/",
+        "--json",
+        str(report),
+    )
+    assert (code, stdout) == (2, "")
+    assert "scope 'vlm/'" in stderr
+    assert report.read_text() == '{"kept": true}\n'

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import git
+import pytest
 
 import forkaudit
 
@@ -221,3 +222,19 @@ def test_audited_repositories_are_never_written(repos: Repos) -> None:
     forkaudit.find_base(str(repos.fork2), repos.upstream, "v0.1.0..v0.2.0")
     assert {r: fingerprint(r) for r in before} == before
     assert GITLINK_COMMIT  # the gitlink points at a commit no repository holds, on purpose
+
+
+def test_scope_matching_neither_side_is_an_error(repos: Repos) -> None:
+    with pytest.raises(forkaudit.ScopeError, match=r"^scope 'nonexist/' matches no file of the"):
+        forkaudit.diff(str(repos.fork), f"git:{repos.upstream}@v0.1.1", scope="nonexist/")
+    # A leading slash is a typo too: paths are relative to the tree root.
+    with pytest.raises(forkaudit.ScopeError, match="'/vllm/'"):
+        forkaudit.diff(str(repos.fork), f"git:{repos.upstream}@v0.1.1", scope="/vllm/")
+
+
+def test_scope_matching_one_side_only_is_a_deletion(repos: Repos) -> None:
+    # Only upstream v0.2.0 has vllm/new_feature.py; the fork lacking it is a real finding.
+    report = forkaudit.diff(
+        str(repos.fork2), f"git:{repos.upstream}@v0.2.0", scope="vllm/new_feature"
+    )
+    assert [(f.status, f.path) for f in report.files] == [("D", "vllm/new_feature.py")]

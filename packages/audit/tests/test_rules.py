@@ -59,11 +59,24 @@ def test_deepest_group_of_first_match_claims_and_labels_list_all() -> None:
         (MINIMAL.replace("risk = true", 'risk = "yes"'), "`risk` must be a bool"),
         ("title = 1\n", "`title` must be a str"),
         ("[[group]\n", "minimal"),
+        *(
+            (
+                MINIMAL + f"\n[history]\nfiles_per_topic = {value}\n",
+                f"minimal [history]: `files_per_topic` must be a positive integer, got {shown}",
+            )
+            for value, shown in (("-3", "-3"), ("0", "0"), ("true", "True"), ("2.5", "2.5"))
+        ),
     ],
 )
 def test_invalid_rules_are_rejected(text: str, message: str) -> None:
     with pytest.raises(forkaudit.RulesFileError, match=message.replace("[", r"\[")):
         parse_rules(text, "minimal")
+
+
+def test_files_per_topic_defaults_to_20_and_reads_a_positive_value() -> None:
+    assert parse_rules(MINIMAL, "minimal").files_per_topic == 20
+    history = "\n[history]\nfiles_per_topic = 1\n"
+    assert parse_rules(MINIMAL + history, "minimal").files_per_topic == 1
 
 
 def test_shipped_vllm_rules_cover_the_issue_areas() -> None:

@@ -6,7 +6,14 @@ found by `find_base`), and whether any vendor change touches an area the plan de
 """
 
 from forkaudit._audit import DEFAULT_FORK, DEFAULT_SCOPE, DEFAULT_UPSTREAM, diff
-from forkaudit._errors import AuditError, FetchError, GitError, RulesFileError, SpecError
+from forkaudit._errors import (
+    AuditError,
+    FetchError,
+    GitError,
+    RulesFileError,
+    ScopeError,
+    SpecError,
+)
 from forkaudit._findbase import find_base
 from forkaudit._report import AuditReport, FileReport
 from forkaudit._rules import Rules, load_rules
@@ -22,6 +29,7 @@ __all__ = [
     "GitError",
     "Rules",
     "RulesFileError",
+    "ScopeError",
     "SpecError",
     "diff",
     "find_base",

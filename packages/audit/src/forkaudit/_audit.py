@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 from forkaudit._artifacts import build_written_reason
+from forkaudit._errors import ScopeError
 from forkaudit._history import inspect_history
 from forkaudit._report import AuditReport, FileReport
 from forkaudit._rules import Rules, load_rules
@@ -45,6 +46,12 @@ def diff(
     rule_set = load_rules(rules)
     fork_side = open_spec(fork, scope=scope, cache_dir=cache_dir)
     upstream_side = open_spec(upstream, scope=scope, cache_dir=cache_dir)
+    if scope and not fork_side.entries and not upstream_side.entries:
+        msg = (
+            f"scope {scope!r} matches no file of the fork or the upstream"
+            " (a path prefix from the tree root, such as 'vllm/')"
+        )
+        raise ScopeError(msg)
     base_side = open_spec(base, scope=scope, cache_dir=cache_dir) if base else None
     with ScratchRepo() as scratch:
         kept, left_out = _leave_out_build_files(

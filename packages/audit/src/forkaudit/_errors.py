@@ -13,6 +13,10 @@ class GitError(AuditError):
     """Raised when git rejects a repository, a ref or an object (unknown ref, corrupt object)."""
 
 
+class ScopeError(AuditError):
+    """Raised when `--scope` names a prefix that no compared file lies under."""
+
+
 class FetchError(AuditError):
     """Raised when a file cannot be fetched from the configured package index."""
 

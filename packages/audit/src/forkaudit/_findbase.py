@@ -13,7 +13,7 @@ from pathlib import Path
 
 import git
 
-from forkaudit._errors import SpecError
+from forkaudit._errors import ScopeError, SpecError
 from forkaudit._git import run_git
 from forkaudit._sources import Entry, open_repo, open_spec, resolve_commit
 
@@ -55,6 +55,7 @@ def find_base(
         return fork_entries.get(path) != entry
 
     tree = _list_tree(git_dir, commits[0], prefix)
+    in_scope = bool(fork_entries or tree)
     distance = sum(differs(p, tree.get(p)) for p in fork_entries.keys() | tree.keys())
     ranked = [Candidate(commits[0], distance)]
     steps = "".join(f"{new} {old}\n" for old, new in itertools.pairwise(commits))
@@ -68,7 +69,14 @@ def find_base(
                 tree.pop(path, None)
             else:
                 tree[path] = entry
+        in_scope = in_scope or bool(tree)
         ranked.append(Candidate(commit, distance))
+    if scope and not in_scope:
+        msg = (
+            f"scope {scope!r} matches no file of the fork or of any candidate commit"
+            " (a path prefix from the tree root, such as 'vllm/')"
+        )
+        raise ScopeError(msg)
     ranking = sorted(ranked, key=lambda c: c.files_changed)[:RANKING_SIZE]  # sort is stable
     return {
         "best": ranking[0].to_dict(),
@@ -80,11 +88,20 @@ def find_base(
 def _candidate_commits(spec: str, repo: git.Repo, candidates: str | list[str]) -> list[str]:
     """Full commit ids of the candidates; a range `A..B` means A and B's first-parent line."""
     if isinstance(candidates, str) and ".." in candidates:
-        lower, upper = (resolve_commit(spec, repo, rev) for rev in candidates.split("..", 1))
+        lower_rev, upper_rev = (rev.strip() for rev in candidates.split("..", 1))
+        lower, upper = (resolve_commit(spec, repo, rev) for rev in (lower_rev, upper_rev))
         line = run_git(
             Path(repo.common_dir), ["rev-list", "--first-parent", "--reverse", f"{lower}..{upper}"]
-        )
-        commits = [lower, *line.decode().split()]
+        ).split()
+        if not line:  # B is A, or B is an ancestor of A: the range is empty, not "just A"
+            msg = f"`{spec}`: candidate range {candidates!r} is empty: " + (
+                f"both ends name commit {lower[:12]}"
+                if lower == upper
+                else f"{upper_rev!r} is an ancestor of {lower_rev!r}, so the range is reversed "
+                f"(did you mean '{upper_rev}..{lower_rev}'?)"
+            )
+            raise SpecError(msg)
+        commits = [lower, *(commit.decode() for commit in line)]
     else:
         names = candidates.replace(",", " ").split() if isinstance(candidates, str) else candidates
         commits = [resolve_commit(spec, repo, name) for name in names]

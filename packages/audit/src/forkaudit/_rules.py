@@ -200,7 +200,7 @@ def parse_rules(text: str, source: str) -> Rules:
     _reject_unknown(semantic_raw, _SEMANTIC_KEYS, f"{source} [semantic]")
     history_raw = _typed(document, "history", dict, source, default={})
     _reject_unknown(history_raw, _HISTORY_KEYS, f"{source} [history]")
-    files_per_topic = _typed(history_raw, "files_per_topic", int, source, default=20)
+    files_per_topic = _positive_int(history_raw, "files_per_topic", f"{source} [history]", 20)
     return Rules(
         title=title,
         source=source,
@@ -277,6 +277,15 @@ def _typed(table: dict[str, Any], key: str, kind: type[_T], where: str, *, defau
     # bool is an int in Python, but `files_per_topic = true` is still a mistake.
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         msg = f"{where}: `{key}` must be a {kind.__name__}, got {value!r}"
+        raise RulesFileError(msg)
+    return value
+
+
+def _positive_int(table: dict[str, Any], key: str, where: str, default: int) -> int:
+    value = table.get(key, default)
+    # bool is an int in Python, but `files_per_topic = true` is still a mistake.
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        msg = f"{where}: `{key}` must be a positive integer, got {value!r}"
         raise RulesFileError(msg)
     return value
 

@@ -8,10 +8,12 @@ import base64
 import csv
 import hashlib
 import importlib.metadata
+import lzma
 import os
 import stat
 import tarfile
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,8 +248,12 @@ def _open_sdist(spec: str, file: Path) -> Snapshot:
                     continue
                 mode = MODE_EXECUTABLE if member.mode & stat.S_IXUSR else MODE_FILE
                 builder.add(path, extracted.read(), mode)
-    except (tarfile.TarError, OSError, EOFError) as error:
-        msg = f"`{spec}`: cannot read sdist {str(file)!r}: {str(error).splitlines()[0]}"
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError) as error:
+        if isinstance(error, OSError) and error.strerror:  # the file itself: permissions, I/O
+            msg = f"`{spec}`: cannot read sdist {str(file)!r}: {error.strerror}"
+        else:  # not an archive, or a truncated or corrupt one; tarfile's own message lists
+            # every decompressor it tried, over several lines, so it is not repeated here
+            msg = f"`{spec}`: file {str(file)!r} is not a readable .tar.gz archive"
         raise SpecError(msg) from None
     return builder.snapshot
 
