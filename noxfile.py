@@ -1,4 +1,4 @@
-"""Sessions: `nox -s nightly` (the main job), `nox -s test`, `lint`, `typecheck`, `vllm` and `gpu`.
+"""Sessions: `nox -s nightly` (the main job), `test`, `lint`, `typecheck`, `kernels`, `vllm`, `gpu`.
 
 torch: on a CPU machine each session installs `torch==2.13.0` (the CPU build). On the users'
 accelerator the vendor's torch is already in the system interpreter and must be the one used, so

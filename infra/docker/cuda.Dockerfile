@@ -13,11 +13,12 @@ WORKDIR /opt/kvcache-port
 COPY packages/ packages/
 COPY flows/ flows/
 COPY pyproject.toml ./
+COPY infra/worker-packages.txt infra/worker-requirements.txt infra/
 
-# Same rule as the gfx90a image: the base image's torch stays; --no-deps keeps pip off it.
-RUN python3 -m pip install --no-deps ./packages/adr ./packages/audit ./packages/kvquant \
- && python3 -m pip install "prefect==3.9.1" "filelock>=3.12" "GitPython>=3.1.40" "PyYAML>=6" \
-      "packaging>=23" \
- && python3 -c "import torch, triton, kvquant; print('torch', torch.__version__)"
+# Same install as the gfx90a image: the base image's torch stays, held by a constraint.
+RUN python3 -c "import torch; print(f'torch=={torch.__version__}')" > /tmp/base-torch.txt \
+ && python3 -m pip install --no-deps -r infra/worker-packages.txt \
+ && python3 -m pip install --constraint /tmp/base-torch.txt -r infra/worker-requirements.txt \
+ && python3 -c "import torch, triton, kvquant, kvbench, lm_eval, prefect; print('torch', torch.__version__)"
 
 CMD ["prefect", "worker", "start", "--pool", "cuda", "--type", "process"]
