@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,6 +47,14 @@ def test_failed_or_skipped_needs_a_reason() -> None:
     assert make_record(status="skipped", reason="no GPU").reason == "no GPU"
 
 
+@pytest.mark.parametrize("name", ["../../outside.png", "assets/x.png", "..", "", ".hidden.png"])
+def test_an_artifact_name_that_is_a_path_is_refused(name: str) -> None:
+    # A figure's name becomes a path beside the ADRs when it is copied there.
+    with pytest.raises(RecordError, match="must be a plain file name"):
+        dataclasses.replace(make_record(), artifacts={name: "/tmp/x.png"})
+    assert dataclasses.replace(make_record(), artifacts={"e2e-vs_batch.png": "/tmp/x.png"})
+
+
 def test_unknown_schema_version_is_named(tmp_path: Path) -> None:
     data = make_record().to_dict() | {"schema_version": 99}
     with pytest.raises(RecordError, match="`schema_version` is 99"):
@@ -73,6 +84,9 @@ def test_latest_record_per_stage_wins(tmp_path: Path) -> None:
 def test_missing_empty_and_corrupt_results_are_one_line_errors(tmp_path: Path) -> None:
     with pytest.raises(ResultsError, match="does not exist"):
         load_latest(tmp_path / "nope")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ResultsError, match="exists but is not a directory"):
+        load_latest(tmp_path / "file")
     with pytest.raises(ResultsError, match="holds no records"):
         load_latest(tmp_path)
     (tmp_path / "run").mkdir()
@@ -83,3 +97,75 @@ def test_missing_empty_and_corrupt_results_are_one_line_errors(tmp_path: Path) -
     (tmp_path / "run" / "audit.json").write_text('{"schema_version": 1, "stage": "audit"}')
     with pytest.raises(ResultsError, match="invalid"):
         load_latest(tmp_path)
+
+
+Corruption = Callable[[dict[str, Any]], object]
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (lambda r: r.update(metrics=[1]), "`metrics` must be an object, got a list"),
+        (lambda r: r.update(artifacts=[]), "`artifacts` must be an object, got a list"),
+        (
+            lambda r: r.update(artifacts={"a.png": 5}),
+            "`artifacts.a.png` must be a string, got an integer",
+        ),
+        (
+            lambda r: r["provenance"].update(ended_at=5),
+            "`provenance.ended_at` must be a string, got an integer",
+        ),
+        (
+            lambda r: r["provenance"].update(hardware={"gpus": ["a", "b"]}),
+            "`provenance.hardware.gpus` must be a string, number, boolean or null, got a list",
+        ),
+        (
+            lambda r: r["tables"]["findings"]["rows"][0].__setitem__(1, {"x": 1}),
+            "`tables.findings.rows[0][1]` must be a string, number, boolean or null, got an object",
+        ),
+        (
+            lambda r: r["tables"]["findings"].update(baseline_found="no"),
+            "`tables.findings.baseline_found` must be a boolean or null, got a string",
+        ),
+        (
+            lambda r: r["gates"][0].update(value=True),
+            "`gates[0].value` must be a number, got a boolean",
+        ),
+        (lambda r: r.update(stage=3), "`stage` must be a string, got an integer"),
+        (lambda r: r.update(reason=["x"]), "`reason` must be a string or null, got a list"),
+    ],
+    ids=[
+        "metrics-list",
+        "artifacts-list",
+        "artifact-path-number",
+        "ended-at-number",
+        "hardware-list",
+        "table-cell-object",
+        "baseline-found-string",
+        "gate-value-bool",
+        "stage-number",
+        "reason-list",
+    ],
+)
+def test_a_field_of_the_wrong_type_is_named_when_the_record_is_read(
+    tmp_path: Path, corrupt: Corruption, message: str
+) -> None:
+    # A valid record from an earlier run beside it, so the newest-record comparison runs too.
+    write_record(tmp_path, make_record(run_id="a", ended_at="2026-11-28T02:00:00.000000Z"))
+    path = write_record(tmp_path, make_record(run_id="b"))
+    data = json.loads(path.read_text())
+    corrupt(data)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResultsError) as info:
+        load_latest(tmp_path)
+    assert str(info.value) == f"results record {path} is invalid: {message}"
+
+
+def test_whole_numbers_read_as_numbers_where_the_schema_wants_a_float(tmp_path: Path) -> None:
+    # Writers other than Python's json may drop the ".0" of a float; that is still the number.
+    path = write_record(tmp_path, make_record())
+    data = json.loads(path.read_text())
+    data["gates"][0].update(value=0, threshold=1)
+    path.write_text(json.dumps(data))
+    gate = read_record(path).gates[0]
+    assert (gate.value, gate.threshold, gate.passed) == (0, 1, True)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
@@ -181,21 +182,84 @@ def test_unknown_block_key_changes_no_file(adr_dir: Path, results: Path) -> None
     assert _snapshot(adr_dir) == before
 
 
-@pytest.mark.parametrize("problem", ["missing", "corrupt", "markers"])
+@pytest.mark.parametrize(
+    "problem", ["missing", "not-a-directory", "corrupt", "wrong-type", "markers", "no-adrs"]
+)
 def test_cli_bad_input_is_one_line_and_changes_nothing(
     adr_dir: Path, results: Path, problem: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    record = results / "run-1" / "audit.json"
     if problem == "missing":
         results = results / "absent"
+    elif problem == "not-a-directory":
+        results = record
     elif problem == "corrupt":
-        (results / "run-1" / "audit.json").write_text("{not json")
-    else:
+        record.write_text("{not json")
+    elif problem == "wrong-type":
+        record.write_text(json.dumps(json.loads(record.read_text()) | {"metrics": [1]}))
+    elif problem == "markers":
         (adr_dir / "0001-a.md").write_text("# a\n<!-- generated:audit-summary begin -->\n")
+    else:
+        (adr_dir / "0012-fork-audit.md").unlink()
+        (adr_dir / "README.md").write_text("# A hand-written README, not an ADR index\n")
     before = _snapshot(adr_dir)
     assert main(["update", "--adr-dir", str(adr_dir), "--results", str(results)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("adrkit: error: ") and err.count("\n") == 1
     assert _snapshot(adr_dir) == before
+
+
+@pytest.mark.parametrize("readme", [None, "# My project\n\nWritten by hand.\n"])
+def test_a_directory_without_adrs_gets_no_index_and_keeps_its_readme(
+    tmp_path: Path, results: Path, readme: str | None
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.md").write_text("# Notes, not an ADR: no NNNN- prefix\n")
+    if readme is not None:
+        (project / "README.md").write_text(readme)
+    before = _snapshot(project)
+    for check in (False, True):
+        with pytest.raises(AdrError) as info:
+            update_adrs(project, results, check=check)
+        assert str(info.value) == f"no ADRs (NNNN-*.md) in {project}"
+    assert _snapshot(project) == before
+
+
+# Holds the ADR writers' lock, as a concurrent `adrkit update` would, until its stdin closes.
+_LOCK_HOLDER = """
+import sys
+from pathlib import Path
+from adrkit._writer import lock_for
+with lock_for(Path(sys.argv[1])).acquire(timeout=10):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_lock_held_too_long_is_a_one_line_error_and_changes_nothing(
+    adr_dir: Path, results: Path
+) -> None:
+    before = _snapshot(adr_dir)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _LOCK_HOLDER, str(adr_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(AdrError) as info:
+            update_adrs(adr_dir, results, lock_timeout_s=0.2)
+    finally:
+        holder.communicate(timeout=10)
+    assert str(info.value) == (
+        f"another adrkit update is holding the lock on {adr_dir} (waited 0.2 s)"
+    )
+    assert _snapshot(adr_dir) == before
+    # Once the holder is gone, the same update goes through.
+    assert adr_dir / "0012-fork-audit.md" in update_adrs(adr_dir, results).changed
 
 
 def test_commit_names_the_run_and_refuses_dirty_or_foreign_trees(
@@ -234,6 +298,9 @@ def test_commit_names_the_run_and_refuses_dirty_or_foreign_trees(
 def test_missing_adr_directory(tmp_path: Path, results: Path) -> None:
     with pytest.raises(AdrError, match="does not exist"):
         update_adrs(tmp_path / "none", results)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(AdrError, match="exists but is not a directory"):
+        update_adrs(tmp_path / "file", results)
     with pytest.raises(ResultsError):
         update_adrs(tmp_path, tmp_path / "none")
 

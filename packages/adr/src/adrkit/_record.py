@@ -10,13 +10,16 @@ optional field keeps the version, changing the meaning of one bumps it.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 import re
+import types
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from adrkit._errors import RecordError, ResultsError
 from adrkit._files import atomic_write
@@ -31,6 +34,9 @@ STATUSES: tuple[Status, ...] = ("passed", "failed", "skipped")
 Scalar = str | int | float | bool | None
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+# An artifact's name becomes part of a path beside the ADRs (figures are copied there): a plain
+# file name, never a path.
+_ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _GATE_OPS = {
     "<=": lambda v, t: v <= t,
     "<": lambda v, t: v < t,
@@ -115,6 +121,10 @@ class Record:
         if self.status != "passed" and not self.reason:
             msg = f"stage {self.stage!r} is {self.status} but has no `reason`"
             raise RecordError(msg)
+        for name in self.artifacts:
+            if not _ARTIFACT_NAME.match(name):
+                msg = f"artifact name {name!r} of stage {self.stage!r} must be a plain file name"
+                raise RecordError(msg)
         for name, table in self.tables.items():
             width = len(table.columns)
             if any(len(row) != width for row in table.rows):
@@ -135,6 +145,7 @@ class Record:
         if version != SCHEMA_VERSION:
             msg = f"`schema_version` is {version!r}; this adrkit reads version {SCHEMA_VERSION}"
             raise RecordError(msg)
+        _check_fields(cls, data, "")
         try:
             provenance = Provenance(**_as_mapping(data.get("provenance"), "provenance"))
             tables = {
@@ -152,18 +163,99 @@ _NESTED_FIELDS = frozenset({"provenance", "tables", "gates", "schema_version"})
 
 
 def _as_mapping(value: object, name: str) -> dict[str, Any]:
-    # Any: the dataclass constructors check the field names; a wrong type shows in the block.
+    # Any: `_check_fields` has checked the values' types; the constructors check the names.
     if not isinstance(value, Mapping):
-        msg = f"`{name}` must be an object, got {type(value).__name__}"
+        msg = f"`{name}` must be an object, got {_json_type(value)}"
         raise RecordError(msg)
     return {str(k): v for k, v in value.items()}
 
 
 def _as_list(value: object) -> list[object]:
     if not isinstance(value, list):
-        msg = f"`gates` must be a list, got {type(value).__name__}"
+        msg = f"`gates` must be a list, got {_json_type(value)}"
         raise RecordError(msg)
     return value
+
+
+# Checking every field's type when a record is read keeps a hand-edited or foreign record from
+# crashing a renderer, or the newest-record comparison, long after the read.
+_JSON_TYPES: dict[type, str] = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    type(None): "null",
+}
+
+
+def _json_type(value: object) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _check_fields(cls: type, data: Mapping[str, object], prefix: str) -> None:
+    """Check the type of every field of ``cls`` that ``data`` holds; a missing or unknown field is
+    left to the constructor, which names it."""
+    field_types = _field_types(cls)
+    for name, value in data.items():
+        if name in field_types:
+            _check(value, field_types[name], prefix + name)
+
+
+def _check(value: object, hint: Any, where: str) -> None:
+    """Raise a `RecordError` naming ``where`` unless ``value``, parsed JSON, fits the type
+    ``hint``, looking inside lists, objects and nested dataclasses."""
+    if not _fits(value, hint):
+        msg = f"`{where}` must be {_expected(hint)}, got {_json_type(value)}"
+        raise RecordError(msg)
+    origin = get_origin(hint)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
+        _check_fields(hint, value, where + ".")
+    elif origin is list and isinstance(value, list):
+        (item_type,) = get_args(hint)
+        for index, item in enumerate(value):
+            _check(item, item_type, f"{where}[{index}]")
+    elif origin is dict and isinstance(value, Mapping):
+        _, item_type = get_args(hint)
+        for key, item in value.items():
+            _check(item, item_type, f"{where}.{key}")
+
+
+def _fits(value: object, hint: Any) -> bool:
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        return any(_fits(value, option) for option in get_args(hint))
+    if origin is Literal:
+        # Only the type: the dataclass names the allowed values in its own, clearer message.
+        return all(isinstance(value, type(allowed)) for allowed in get_args(hint))
+    if origin is dict or dataclasses.is_dataclass(hint):
+        return isinstance(value, Mapping)
+    if origin is list:
+        return isinstance(value, list)
+    if isinstance(value, bool):  # a bool is an int to Python, but not to the schema
+        return hint is bool
+    if hint is float:  # a writer may drop the ".0" of a whole number
+        return isinstance(value, int | float)
+    return isinstance(value, hint)
+
+
+def _expected(hint: Any) -> str:
+    if hint == Scalar:
+        return "a string, number, boolean or null"
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_expected(option) for option in get_args(hint))
+    if origin is Literal:
+        return _JSON_TYPES[type(get_args(hint)[0])]
+    if origin is dict or dataclasses.is_dataclass(hint):
+        return "an object"
+    return _JSON_TYPES[origin or hint]
 
 
 def write_record(results_root: Path, record: Record) -> Path:
@@ -200,7 +292,8 @@ def load_latest(results: Path) -> dict[str, Record]:
     run of one stage does not blank the blocks that other stages filled the night before.
     """
     if not results.is_dir():
-        msg = f"results directory {results} does not exist"
+        problem = "exists but is not a directory" if results.exists() else "does not exist"
+        msg = f"results directory {results} {problem}"
         raise ResultsError(msg)
     paths = sorted(results.glob(f"*{RECORD_SUFFIX}")) or sorted(results.glob(f"*/*{RECORD_SUFFIX}"))
     latest: dict[str, Record] = {}

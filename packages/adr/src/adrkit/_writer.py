@@ -24,6 +24,7 @@ from adrkit._files import atomic_write, remove_stale_temps
 from adrkit._record import load_latest
 
 INDEX_NAME = "README.md"
+ADR_GLOB = "[0-9][0-9][0-9][0-9]-*.md"
 LOCK_TIMEOUT_S = 120.0
 
 
@@ -55,18 +56,29 @@ def update_adrs(
     *,
     check: bool = False,
     commit_branch: str | None = None,
+    lock_timeout_s: float = LOCK_TIMEOUT_S,
 ) -> UpdateResult:
     """Render every generated block in ``adr_dir`` from the latest records under ``results``.
 
     With ``check``, nothing is written and the result lists the files that are stale. With
     ``commit_branch``, the change is committed with GitPython on that branch, which must be the
-    one checked out, and only if the work tree was clean before the update.
+    one checked out, and only if the work tree was clean before the update. If another writer
+    holds the directory's lock for more than ``lock_timeout_s`` seconds, the update fails and
+    writes nothing.
     """
     if not adr_dir.is_dir():
-        msg = f"ADR directory {adr_dir} does not exist"
+        problem = "exists but is not a directory" if adr_dir.exists() else "does not exist"
+        msg = f"ADR directory {adr_dir} {problem}"
         raise AdrError(msg)
     repo = _repo_for_commit(adr_dir, commit_branch) if commit_branch and not check else None
-    with lock_for(adr_dir).acquire(timeout=LOCK_TIMEOUT_S):
+    try:
+        held = lock_for(adr_dir).acquire(timeout=lock_timeout_s)
+    except filelock.Timeout:
+        msg = (
+            f"another adrkit update is holding the lock on {adr_dir} (waited {lock_timeout_s:g} s)"
+        )
+        raise AdrError(msg) from None
+    with held:
         records = load_latest(results)
         planned = _plan(adr_dir, records)
         changed = tuple(path for path, content in planned.items() if _read(path) != content)
@@ -93,8 +105,14 @@ def _read(path: Path) -> str | bytes | None:
 def _plan(adr_dir: Path, records: Records) -> dict[Path, str | bytes]:
     """The new text of every ADR and of the index, and the figures the records carry (copied
     beside the ADRs, where the blocks link them), computed before anything is written."""
+    paths = sorted(adr_dir.glob(ADR_GLOB))
+    if not paths:
+        # The index would replace whatever README.md is there, e.g. a project's own README when
+        # the directory is a mistake, so a directory without ADRs gets no index either.
+        msg = f"no ADRs (NNNN-*.md) in {adr_dir}"
+        raise AdrError(msg)
     documents = []
-    for path in sorted(adr_dir.glob("[0-9][0-9][0-9][0-9]-*.md")):
+    for path in paths:
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
