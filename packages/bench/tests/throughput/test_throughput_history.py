@@ -85,3 +85,23 @@ def test_locked_database_is_a_clear_error_and_loses_nothing(tmp_path: Path) -> N
 def test_bad_url_is_a_one_line_error() -> None:
     with pytest.raises(HistoryError, match="expected a SQLAlchemy URL"):
         History("not a url")
+
+
+def test_reading_a_missing_database_refuses_and_creates_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "typo.sqlite3"
+    with pytest.raises(HistoryError) as error:
+        History(_url(path), create=False)
+    assert str(error.value) == (
+        f"no history at {path}: the file does not exist "
+        "(`kvbench throughput` creates it on its first run)"
+    )
+    assert not path.exists()
+
+
+def test_recording_creates_the_database_that_reading_then_opens(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite3"
+    History(_url(path)).close()  # as `kvbench throughput` does on its first run
+    assert path.is_file()
+    reader = History(_url(path), create=False)
+    assert reader.runs(5) == []
+    reader.close()

@@ -48,7 +48,23 @@ def test_lists_expand_to_their_product() -> None:
          "`kernel[0].batch` is '4'; expected a int"),
         ("[[kernel]]\nop = 'gemm'\ncache_dtype = 'int8'\nbatch = 1\ncontext = 8\n",
          "`kernel[0].op` is 'gemm'"),
-        ("[engine]\ntimeout_s = -1\n", "expected a number >= 0"),
+        ("[engine]\ntimeout_s = -1\n", "`engine.timeout_s` is -1; expected a number > 0"),
+        ("[engine]\ntimeout_s = 0\n", "`engine.timeout_s` is 0; expected a number > 0"),
+        ("[engine]\ntimeout_s = inf\n", "`engine.timeout_s` is inf; expected a finite number"),
+        ("[capacity]\nkv_budget_gib = 0\n", "`capacity.kv_budget_gib` is 0; expected a number > 0"),
+        ("[capacity]\nblock_size = 0\n", "`capacity.block_size` is 0; expected a number > 0"),
+        ("[kernel_shape]\ncpu_runs = 0\n", "`kernel_shape.cpu_runs` is 0; expected a number > 0"),
+        ("[gates]\nmin_history = 0\n", "`gates.min_history` is 0; expected a number > 0"),
+        ("[gates]\nmin_change = -0.1\n", "`gates.min_change` is -0.1; expected a number >= 0"),
+        ("[gates]\nhistory_runs = 2\nmin_history = 3\n",
+         "`gates.min_history` is 3 but `gates.history_runs` is 2, so no cell could ever be "
+         "judged; expected at most 2"),
+        ("[[kernel]]\nop = 'decode'\ncache_dtype = 'int8'\nbatch = [1, 0]\ncontext = 8\n",
+         "`kernel[0].batch` is 0; expected a number > 0"),
+        ("[[e2e]]\nbench = 'latency'\ninput_len = 8\noutput_len = 0\nbatch = 1\n",
+         "`e2e[0].output_len` is 0; expected a number > 0"),
+        ("[[e2e]]\nbench = 'latency'\ninput_len = 8\noutput_len = 4\nbatch = 1\niterations = 0\n",
+         "`e2e[0].iterations` is 0; expected a number > 0"),
         ("name = [", "not valid TOML"),
     ],
 )  # fmt: skip
@@ -58,6 +74,26 @@ def test_bad_matrix_is_one_line_naming_the_key(text: str, expected: str) -> None
     message = str(error.value)
     assert expected in message
     assert message.startswith("m.toml") and "\n" not in message
+
+
+def test_zero_is_kept_where_it_means_something() -> None:
+    matrix = parse_matrix(
+        "[gates]\nnoise_sigmas = 0\nmin_change = 0\n"
+        "[[e2e]]\nbench = 'throughput'\ncompilation = 0\ninput_len = 8\noutput_len = 4\n"
+        "batch = 1\n",
+        "m.toml",
+    )
+    assert (matrix.gates.noise_sigmas, matrix.gates.min_change) == (0, 0)
+    (cell,) = matrix.cells
+    assert isinstance(cell, E2ECell) and cell.compilation == 0
+
+
+def test_file_that_is_not_utf8_is_a_matrix_error(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes("# réglages\n".encode("latin-1"))
+    with pytest.raises(MatrixError) as error:
+        load_matrix(path)
+    assert str(error.value) == f"{path}: the matrix file is not UTF-8 text"
 
 
 def test_missing_file_is_a_matrix_error(tmp_path: Path) -> None:

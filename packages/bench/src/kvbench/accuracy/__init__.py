@@ -14,6 +14,7 @@ from ._errors import (
     ConfigError,
     EngineStartError,
     ModelLoadError,
+    OutputError,
     UnknownTaskError,
     UnsupportedModelError,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "ConfigError",
     "EngineStartError",
     "ModelLoadError",
+    "OutputError",
     "PairedStats",
     "UnknownTaskError",
     "UnsupportedModelError",

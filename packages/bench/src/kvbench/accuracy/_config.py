@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,10 +11,10 @@ from typing import Any
 
 from ._errors import ConfigError
 
-# Source-tree folders (packages/bench/...); the package is installed editable from it.
-PACKAGE_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_CONFIG = PACKAGE_ROOT / "configs" / "accuracy.toml"
-TASKS_DIR = PACKAGE_ROOT / "tasks"
+# Shipped inside the package, so a plain (non-editable) install runs the defaults too. The task
+# folder must be a directory on disk: lm-eval's TaskManager walks it and imports kvb_data.py.
+DEFAULT_CONFIG = Path(__file__).with_name("cpu_nightly.toml")
+TASKS_DIR = Path(__file__).with_name("tasks")
 
 RUN_MODES = ("single-pass", "decode", "generate")
 # auto: the model dtype; int8: kvquant per-(token, kv-head); fp8_e4m3: emulated vLLM fp8.
@@ -23,6 +25,11 @@ BACKENDS = ("kvquant-hf", "vllm")
 # What vLLM can run: lm-eval's scoring (single-pass, generate) with its cache written before
 # attention reads it, prefill included. Decode mode is kvquant-hf's teacher-forced path.
 VLLM_RUN_MODES = ("single-pass", "generate")
+# The model dtypes `load_model` and vLLM's engine both take; auto: fp32 on the CPU, else bf16.
+MODEL_DTYPES = ("auto", "float32", "float16", "bfloat16")
+# kvquant-hf places the model with transformers' device_map: the CPU or one CUDA device. vLLM is
+# given no device index (its platform picks the GPU), so it takes only cpu or cuda.
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
 @dataclass(frozen=True)
@@ -90,12 +97,14 @@ def _run(index: int, entry: object) -> RunSpec:
 
 
 def load_config(path: Path | None) -> AccuracyConfig:
-    """Read and check ``path`` (None: packages/bench/configs/accuracy.toml)."""
+    """Read and check ``path`` (None: the embedded CPU nightly config, cpu_nightly.toml)."""
     path = DEFAULT_CONFIG if path is None else path
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
         raise ConfigError(f"`config` {path} cannot be read: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"`config` {path} is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"`config` {path} is not valid TOML: {error}") from None
     unknown = sorted(set(data) - {"model", "compare", "gate", "runs"})
@@ -118,21 +127,40 @@ def load_config(path: Path | None) -> AccuracyConfig:
     runs = data.get("runs", [])
     if not isinstance(runs, list) or not runs:
         raise ConfigError("`runs` is missing or empty; expected at least one [[runs]] table")
+    device = _typed(model, "model", "device", str, "cpu")
+    check_device(device, backend, "model.device")
+    dtype = _typed(model, "model", "dtype", str, "auto")
+    if dtype not in MODEL_DTYPES:
+        raise ConfigError(f"`model.dtype` is {dtype!r}; expected one of {', '.join(MODEL_DTYPES)}")
+    max_length = _typed(model, "model", "max_length", int, 2048)
+    if max_length < 1:
+        raise ConfigError(f"`model.max_length` is {max_length!r}; expected a positive integer")
+    tolerance = _typed(gate, "gate", "tolerance", float, 0.02)
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ConfigError(f"`gate.tolerance` is {tolerance!r}; expected a finite number >= 0")
     config = AccuracyConfig(
         backend=backend,
         model=_typed(model, "model", "path", str, "") or None,
-        device=_typed(model, "model", "device", str, "cpu"),
-        dtype=_typed(model, "model", "dtype", str, "auto"),
-        max_length=_typed(model, "model", "max_length", int, 2048),
+        device=device,
+        dtype=dtype,
+        max_length=max_length,
         baseline=compare.get("baseline", "auto"),
         candidate=compare.get("candidate", "int8"),
         prefill_reads_cache=_typed(compare, "compare", "prefill_reads_cache", bool, True),
-        tolerance=_typed(gate, "gate", "tolerance", float, 0.02),
+        tolerance=tolerance,
         runs=tuple(_run(i, entry) for i, entry in enumerate(runs)),
     )
     if backend == "vllm":
         _check_vllm_can_run(config)
     return config
+
+
+def check_device(device: str, backend: str, where: str) -> None:
+    """Refuse a device ``backend`` cannot run on; ``where`` names the setting in the message."""
+    if backend == "vllm" and device not in ("cpu", "cuda"):
+        raise ConfigError(f"`{where}` is {device!r}; backend 'vllm' runs on cpu or cuda")
+    if not _DEVICE.fullmatch(device):
+        raise ConfigError(f"`{where}` is {device!r}; expected cpu, cuda or cuda:N (e.g. cuda:0)")
 
 
 def _check_vllm_can_run(config: AccuracyConfig) -> None:

@@ -9,6 +9,13 @@ class ConfigError(AccuracyError):
     """The accuracy config file is missing, not TOML, or has a wrong or unknown key."""
 
 
+class OutputError(AccuracyError):
+    """The output folder or the ``--json`` file cannot be written; checked before the model loads.
+
+    Nothing is created by the check, so a refused run leaves no trace.
+    """
+
+
 class ModelLoadError(AccuracyError):
     """The model path does not exist or holds no loadable causal LM."""
 
@@ -18,7 +25,7 @@ class UnsupportedModelError(AccuracyError):
 
 
 class UnknownTaskError(AccuracyError):
-    """A task name is not among the offline tasks shipped under packages/bench/tasks."""
+    """A task name is not among the offline tasks shipped in kvbench/accuracy/tasks."""
 
 
 class BackendMissingError(AccuracyError):

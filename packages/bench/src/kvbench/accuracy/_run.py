@@ -16,8 +16,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ._config import TASKS_DIR, AccuracyConfig, RunSpec, load_config
-from ._errors import UnknownTaskError
+from .._output import output_problem
+from ._config import TASKS_DIR, AccuracyConfig, RunSpec, check_device, load_config
+from ._errors import OutputError, UnknownTaskError
 from ._model_files import go_offline, resolve_model
 from ._stats import gate_passes, paired_stats
 
@@ -203,7 +204,8 @@ def run_accuracy(
     """Run every configured run with the baseline and candidate caches; pair, gate and plot.
 
     ``model``, ``device`` and ``limit`` override the config. Writes ``accuracy.json`` and the
-    plot into ``out_dir`` and returns the same JSON-able dict.
+    plot into ``out_dir`` and returns the same JSON-able dict. A bad config or override, or an
+    ``out_dir`` that cannot be written, is refused before the model loads.
     """
     started = time.perf_counter()
     go_offline()
@@ -211,7 +213,11 @@ def run_accuracy(
     if model is not None:
         cfg = replace(cfg, model=model)
     if device is not None:
+        check_device(device, cfg.backend, "device")
         cfg = replace(cfg, device=device)
+    problem = output_problem(out_dir, "output folder", folder=True)
+    if problem is not None:
+        raise OutputError(problem)
     if limit is not None:
         cfg = replace(cfg, runs=tuple(replace(run, limit=limit) for run in cfg.runs))
     logging.getLogger("lm-eval").setLevel(logging.WARNING)

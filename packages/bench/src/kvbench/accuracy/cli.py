@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .._extras import missing_module_error
+from .._output import output_problem
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -18,9 +19,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="paired lm-eval comparison of a 16-bit against an INT8 KV cache",
         description=__doc__,
     )
-    parser.add_argument("--config", type=Path, help="TOML config (default: configs/accuracy.toml)")
+    parser.add_argument(
+        "--config", type=Path, help="TOML config (default: the embedded CPU nightly config)"
+    )
     parser.add_argument("--model", help="HF model folder or .gguf (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--device", help="cpu or cuda (default: from the config)")
+    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: from the config)")
     parser.add_argument("--limit", type=int, help="documents per task, overriding the config")
     parser.add_argument(
         "--out",
@@ -81,13 +84,21 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(text)
 
 
+def _error(message: str) -> int:
+    print(f"kvbench accuracy: error: {message}", file=sys.stderr)
+    return 2
+
+
 def _run(args: argparse.Namespace) -> int:
     from ._errors import AccuracyError
-    from ._run import run_accuracy
+    from ._run import RESULT_NAME, run_accuracy
 
     if args.limit is not None and args.limit < 1:
-        print(f"kvbench accuracy: error: `--limit` is {args.limit}; expected >= 1", file=sys.stderr)
-        return 2
+        return _error(f"`--limit` is {args.limit}; expected >= 1")
+    if args.json_out is not None:
+        problem = output_problem(args.json_out, "`--json`", folder=False)
+        if problem is not None:
+            return _error(problem)
     try:
         result = run_accuracy(
             args.config,
@@ -98,11 +109,18 @@ def _run(args: argparse.Namespace) -> int:
             progress=not args.quiet,
         )
     except AccuracyError as error:
-        print(f"kvbench accuracy: error: {error}", file=sys.stderr)
-        return 2
+        return _error(str(error))
     except ModuleNotFoundError as error:
         return missing_module_error("accuracy", "accuracy", error)
     print(format_table(result))
     if args.json_out is not None:
-        args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        try:
+            args.json_out.parent.mkdir(parents=True, exist_ok=True)
+            args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        except OSError as error:
+            saved = args.out / RESULT_NAME
+            return _error(
+                f"`--json` {args.json_out} cannot be written: {error.strerror}; "
+                f"the result is in {saved}"
+            )
     return 0 if result["gate"]["passed"] else 1

@@ -11,7 +11,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._errors import EngineMissingError, HistoryError, MatrixError, ThroughputError
+from ._errors import (
+    EngineMissingError,
+    HistoryError,
+    MatrixError,
+    OutputError,
+    ThroughputError,
+)
 from ._matrix import Gates, Matrix, load_matrix
 from ._regression import Verdict, judge
 
@@ -38,6 +44,7 @@ __all__ = [
     "HistoryError",
     "Matrix",
     "MatrixError",
+    "OutputError",
     "ThroughputError",
     "Verdict",
     "default_history_url",

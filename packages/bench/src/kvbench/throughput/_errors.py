@@ -21,3 +21,7 @@ class HistoryError(ThroughputError, RuntimeError):
 
     Raised before anything is changed in it: a corrupt or locked database is left as it was.
     """
+
+
+class OutputError(ThroughputError, OSError):
+    """The output folder or the ``--json`` file cannot be written; checked before any cell runs."""

@@ -75,9 +75,13 @@ class History:
         url: a SQLAlchemy URL, e.g. ``sqlite:///history.sqlite3`` or
             ``postgresql+psycopg://user@host/bench``.
         lock_timeout_s: SQLite only: how long to wait for another writer's lock.
+        create: SQLite only: make the database file when it does not exist. False (reading
+            the history) refuses a missing file instead of leaving an empty one behind.
     """
 
-    def __init__(self, url: str, *, lock_timeout_s: float = SQLITE_LOCK_TIMEOUT_S) -> None:
+    def __init__(
+        self, url: str, *, lock_timeout_s: float = SQLITE_LOCK_TIMEOUT_S, create: bool = True
+    ) -> None:
         try:
             parsed = make_url(url)
         except sa.exc.ArgumentError:
@@ -86,7 +90,14 @@ class History:
             ) from None
         self.label = parsed.render_as_string(hide_password=True)
         is_sqlite = parsed.get_backend_name() == "sqlite"
-        if is_sqlite and parsed.database and not Path(parsed.database).parent.is_dir():
+        # An empty database name and ":memory:" are SQLite's in-memory databases.
+        on_disk = is_sqlite and parsed.database not in (None, "", ":memory:")
+        if on_disk and not create and not Path(str(parsed.database)).exists():
+            raise HistoryError(
+                f"no history at {parsed.database}: the file does not exist "
+                "(`kvbench throughput` creates it on its first run)"
+            )
+        if on_disk and not Path(str(parsed.database)).parent.is_dir():
             raise HistoryError(f"history database {self.label}: its folder does not exist")
         connect_args = {"timeout": lock_timeout_s} if is_sqlite else {}
         try:

@@ -10,6 +10,7 @@ engine's message.
 from __future__ import annotations
 
 import itertools
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from importlib import resources
@@ -209,6 +210,9 @@ _E2E_KEYS: dict[str, tuple[type, object]] = {
 _KERNEL_OPS = ("cache_write", "decode", "prefill")
 _E2E_BENCHES = ("throughput", "latency")
 _TOP_KEYS = {"name", "gates", "engine", "kernel_shape", "capacity", "kernel", "e2e"}
+# Every other number is a count, a size or a duration and must be > 0: vLLM's -O0 is a
+# compilation level, and zero noise or change gates are strict but meaningful.
+_MAY_BE_ZERO = {"compilation", "noise_sigmas", "min_change"}
 
 
 class _Reader:
@@ -241,8 +245,15 @@ class _Reader:
         if not ok:
             expected = "a list of strings" if kind is list else f"a {kind.__name__}"
             raise self.fail(where, f"is {value!r}; expected {expected}")
-        if kind in (int, float) and value < 0:  # type: ignore[operator]
-            raise self.fail(where, f"is {value!r}; expected a number >= 0")
+        if kind in (int, float):
+            assert isinstance(value, int | float)
+            if not math.isfinite(value):
+                raise self.fail(where, f"is {value!r}; expected a finite number")
+            if where.rsplit(".", 1)[-1] in _MAY_BE_ZERO:
+                if value < 0:
+                    raise self.fail(where, f"is {value!r}; expected a number >= 0")
+            elif value <= 0:
+                raise self.fail(where, f"is {value!r}; expected a number > 0")
         return value
 
     def settings(self, where: str, table: object, cls: type[Any]) -> Any:
@@ -316,10 +327,17 @@ def parse_matrix(text: str, source: str) -> Matrix:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise MatrixError(f"{source}: the cell `{duplicates[0]}` is declared twice")
+    gates: Gates = reader.settings("gates", data.get("gates", {}), Gates)
+    if gates.min_history > gates.history_runs:
+        raise reader.fail(
+            "gates.min_history",
+            f"is {gates.min_history} but `gates.history_runs` is {gates.history_runs}, so no "
+            f"cell could ever be judged; expected at most {gates.history_runs}",
+        )
     return Matrix(
         name=name,
         source=source,
-        gates=reader.settings("gates", data.get("gates", {}), Gates),
+        gates=gates,
         engine=engine,
         capacity=reader.settings("capacity", data.get("capacity", {}), CapacitySettings),
         cells=tuple(cells),

@@ -8,8 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._output import output_problem
 from ._capacity import computed_capacity
 from ._e2e import check_vllm, run_e2e_cell
+from ._errors import OutputError
 from ._hardware import fingerprint
 from ._history import History, default_history_url
 from ._kernels import add_speedups, copy_bandwidth_gbs, run_kernel_cell, select_device
@@ -44,10 +46,13 @@ def run_throughput(
         written before the history, so a history failure loses nothing.
 
     Raises:
-        MatrixError, EngineMissingError, HistoryError, ThroughputError: before any cell runs,
-            except a HistoryError from recording the finished run.
+        MatrixError, OutputError, EngineMissingError, HistoryError, ThroughputError: before any
+            cell runs, except a HistoryError from recording the finished run.
     """
     spec = load_matrix(matrix)
+    problem = output_problem(out_dir, "output folder", folder=True)
+    if problem is not None:
+        raise OutputError(problem)
     out_dir.mkdir(parents=True, exist_ok=True)
     started_at = dt.datetime.now(dt.UTC)
     start = time.perf_counter()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._extras import missing_module_error
+from .._output import output_problem
 
 DEFAULT_OUT = Path("kvbench-throughput")
 
@@ -80,6 +81,11 @@ def _table(result: dict[str, Any]) -> str:
 def _throughput(args: argparse.Namespace) -> int:
     from . import ThroughputError
 
+    if args.json is not None:
+        problem = output_problem(args.json, "`--json`", folder=False)
+        if problem is not None:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     try:
         from . import run_throughput
 
@@ -93,7 +99,18 @@ def _throughput(args: argparse.Namespace) -> int:
         return missing_module_error("throughput", "throughput", error)
     print(_table(result))
     if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        except OSError as error:
+            from ._run import RESULTS_FILE  # already imported by the run
+
+            print(
+                f"error: `--json` {args.json} cannot be written: {error.strerror}; "
+                f"the results are in {args.out / RESULTS_FILE}",
+                file=sys.stderr,
+            )
+            return 2
     failed = any(cell["status"] != "ok" for cell in result["cells"])
     return 1 if failed or result["regressions"] else 0
 
@@ -101,10 +118,14 @@ def _throughput(args: argparse.Namespace) -> int:
 def _history(args: argparse.Namespace) -> int:
     from . import ThroughputError
 
+    if args.limit < 1:
+        print(f"error: `--limit` is {args.limit}; expected >= 1", file=sys.stderr)
+        return 2
     try:
         from . import History, default_history_url
 
-        history = History(args.history or default_history_url(DEFAULT_OUT))
+        # Only `kvbench throughput` creates the database; a typo here must not make an empty one.
+        history = History(args.history or default_history_url(DEFAULT_OUT), create=False)
         try:
             runs = history.runs(args.limit)
         finally:

