@@ -318,3 +318,125 @@ def test_cli_bad_input_exits_2_with_one_line(
         # The build compiles for real targets: under the interpreter it refuses, saying why.
         assert main(["build", "--out", str(tmp_path)]) == 2
         assert "TRITON_INTERPRET" in capsys.readouterr().err
+
+
+def test_matrix_that_is_not_utf8_is_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvquant.__main__ import main
+
+    matrix = tmp_path / "latin1.toml"
+    matrix.write_bytes(_ONE_CELL_MATRIX.replace("[axes]", "# r\xe9glage\n[axes]").encode("latin-1"))
+    with pytest.raises(MatrixFileError, match=r"latin1\.toml is not UTF-8 text$"):
+        load_matrix(matrix)
+    assert main(["build", "--matrix", str(matrix), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == f"error: matrix file {matrix} is not UTF-8 text\n"
+    assert not (tmp_path / "out").exists()
+
+
+# ---- Bad --out and --previous: refused before anything is planned or compiled ----
+_ONE_CELL_MATRIX = """
+specs = "test_build:aot_specs"
+[axes]
+head_size = [64]
+block_size = [16]
+gqa = [1]
+model_dtype = ["fp16"]
+cache_dtype = ["model"]
+"""
+# Runs in the subprocess, with compiled Triton: each bad input through the CLI, its exit code,
+# its stderr, and the exception if one escaped (a traceback for the user).
+_BAD_INPUT_SCRIPT = """
+import contextlib, io, json, sys
+from pathlib import Path
+from kvquant.__main__ import main
+root = Path(sys.argv[1])
+cases = json.loads(sys.argv[2])
+report = {}
+for name, argv in cases.items():
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            report[name] = {"rc": main(argv), "err": err.getvalue()}
+    except Exception as error:
+        report[name] = {"rc": None, "err": err.getvalue(), "exception": repr(error)}
+print(json.dumps(report))
+"""
+_PREVIOUS = {
+    "list": "[1]",
+    "cells_number": '{"cells": 5}',
+    "check_json": '{"device": "cpu", "passed": true, "cases": [], "edge_cases": []}',
+    "cell_without_kernel": '{"cells": [{"target": "gfx90a"}]}',
+}
+
+
+@pytest.fixture(scope="module")
+def bad_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("bad_build")
+    (root / "one.toml").write_text(_ONE_CELL_MATRIX)
+    (root / "a_file").write_text("keep me\n")
+    base = ["build", "--matrix", str(root / "one.toml")]
+    cases = {"out_is_a_file": [*base, "--out", str(root / "a_file")],
+             "out_below_a_file": [*base, "--out", str(root / "a_file" / "out")]}  # fmt: skip
+    for name, text in _PREVIOUS.items():
+        (root / f"{name}.json").write_text(text)
+        cases[f"previous_{name}"] = [*base, "--previous", str(root / f"{name}.json"),
+                                     "--out", str(root / f"out_{name}")]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _BAD_INPUT_SCRIPT, str(root), json.dumps(cases)],
+        env={**_compiled_env(root), "KVQUANT_BUILD_CACHE": str(root / "cache")},
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["root"] = root
+    return result
+
+
+def _refused(report: dict[str, Any], message: str) -> None:
+    assert report["rc"] == 2, report
+    assert report["err"] == f"error: {message}\n"
+
+
+def test_build_refuses_out_that_is_a_file_before_compiling(bad_builds: dict[str, Any]) -> None:
+    root = bad_builds["root"]
+    _refused(bad_builds["out_is_a_file"], f"`out` {root / 'a_file'} exists and is not a directory")
+    _refused(
+        bad_builds["out_below_a_file"],
+        f"`out` {root / 'a_file' / 'out'}: {root / 'a_file'} is not a directory",
+    )
+    assert (root / "a_file").read_text() == "keep me\n"
+    # The plan is cached before any compile: no cache at all means nothing was compiled.
+    assert not (root / "cache").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "found"),
+    [
+        ("list", " is a list"),
+        ("cells_number", ": `cells` is a number"),
+        ("check_json", " has no `cells`"),
+    ],
+)
+def test_build_refuses_previous_of_the_wrong_shape_before_compiling(
+    bad_builds: dict[str, Any], name: str, found: str
+) -> None:
+    root = bad_builds["root"]
+    expected = "expected a kvquant build manifest.json (an object with a `cells` list)"
+    _refused(
+        bad_builds[f"previous_{name}"], f"previous manifest {root / name}.json{found}; {expected}"
+    )
+    assert not (root / f"out_{name}").exists()
+    assert not (root / "cache").exists()
+
+
+def test_build_refuses_previous_cell_that_is_not_a_manifest_cell(
+    bad_builds: dict[str, Any],
+) -> None:
+    root = bad_builds["root"]
+    _refused(
+        bad_builds["previous_cell_without_kernel"],
+        f"previous manifest {root / 'cell_without_kernel.json'}: `cells[0]` is not a manifest "
+        "cell; expected an object with kernel, specialization and target",
+    )
+    assert not (root / "cache").exists()

@@ -100,10 +100,25 @@ def _table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _output_file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be written as a file, found before the slow run; None when it can."""
+    if path.is_dir():
+        return f"--json {path} is a directory; expected a file path"
+    if not path.parent.is_dir():
+        if path.parent.exists():
+            return f"--json {path}: {path.parent} is not a directory"
+        return f"--json {path}: the directory {path.parent} does not exist"
+    return None
+
+
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(argv)
     if args.command == "build":
         return _build(args)
+    problem = _output_file_problem(args.json) if args.json is not None else None
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     _use_interpreter_if_cpu(args.device)
     from ._check import run_correctness
 
@@ -114,7 +129,11 @@ def main(argv: Sequence[str]) -> int:
         return 2
     print(_table(result))
     if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        try:
+            args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        except OSError as error:  # the table above still holds the results
+            print(f"error: cannot write --json {args.json}: {error.strerror}", file=sys.stderr)
+            return 2
     return 0 if result["passed"] else 1
 
 

@@ -237,12 +237,45 @@ def _manifest_path(previous: Path) -> Path:
     return previous / "manifest.json" if previous.is_dir() else previous
 
 
+def _json_kind(value: Any) -> str:
+    """How a JSON value is named in an error: its JSON type, not its (possibly long) text."""
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    return kinds.get(type(value), "null" if value is None else "a number")
+
+
 def _read_previous(path: Path) -> dict[str, Any]:
+    """The manifest to diff against, its shape checked now: before anything compiles."""
     try:
-        loaded: dict[str, Any] = json.loads(path.read_text())
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise BuildError(f"previous manifest {path} is not UTF-8 text") from None
     except (OSError, ValueError) as error:
         raise BuildError(f"previous manifest {path}: {error}") from None
+    expected = "expected a kvquant build manifest.json (an object with a `cells` list)"
+    if not isinstance(loaded, dict):
+        raise BuildError(f"previous manifest {path} is {_json_kind(loaded)}; {expected}")
+    cells = loaded.get("cells")
+    if not isinstance(cells, list):
+        found = " has no `cells`" if cells is None else f": `cells` is {_json_kind(cells)}"
+        raise BuildError(f"previous manifest {path}{found}; {expected}")
+    for index, cell in enumerate(cells):
+        if not isinstance(cell, dict) or not {"kernel", "specialization", "target"} <= set(cell):
+            raise BuildError(
+                f"previous manifest {path}: `cells[{index}]` is not a manifest cell; expected an "
+                "object with kernel, specialization and target"
+            )
     return loaded
+
+
+def _check_out(out: Path) -> None:
+    """Refuse an ``out`` that cannot become a directory, before anything compiles."""
+    if out.exists() and not out.is_dir():
+        raise BuildError(f"`out` {out} exists and is not a directory")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BuildError(f"`out` {out}: {parent} is not a directory")
 
 
 def build(
@@ -269,6 +302,8 @@ def build(
     parsed = load_matrix(matrix)
     previous_path = _manifest_path(Path(previous)) if previous is not None else None
     old = _read_previous(previous_path) if previous_path is not None else None
+    out = Path(out)
+    _check_out(out)
     if jobs is not None and jobs < 1:
         raise BuildError(f"`jobs` is {jobs}; expected an integer >= 1")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
@@ -308,11 +343,13 @@ def build(
         and importlib.util.find_spec("triton.backends.amd") is None
     ):
         raise BuildError(f"Triton {triton_version} has no AMD backend (triton.backends.amd)")
+    try:  # before compiling: a directory that cannot be made must not cost the compile
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise BuildError(f"`out` {out}: {error.strerror}") from None
     compiled = _compile_missing([c["task"] for c in missing], jobs or os.cpu_count() or 1)
     results |= {c["cache_key"]: r for c, r in zip(missing, compiled, strict=True)}
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     entries = [_entry(cell, by_name[cell["target"]], out, results) for cell in cells]
     manifest = {
         "format": BUILD_FORMAT,

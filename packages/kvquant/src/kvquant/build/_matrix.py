@@ -124,10 +124,12 @@ def parse_matrix(text: str, source: str) -> Matrix:
 def load_matrix(path: Path | None) -> Matrix:
     """The matrix at ``path``, or the default one shipped with kvquant."""
     if path is None:
-        text = resources.files("kvquant.build").joinpath(DEFAULT_MATRIX).read_text()
-        return parse_matrix(text, f"kvquant/build/{DEFAULT_MATRIX}")
+        resource = resources.files("kvquant.build").joinpath(DEFAULT_MATRIX)
+        return parse_matrix(resource.read_text(encoding="utf-8"), f"kvquant/build/{DEFAULT_MATRIX}")
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise MatrixFileError(f"matrix file {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise MatrixFileError(f"matrix file {path} is not UTF-8 text") from None
     return parse_matrix(text, str(path))
