@@ -102,6 +102,7 @@ def bad_inputs(repos: Repos, tmp_path: Path) -> dict[str, list[str]]:
     negative = tmp_path / "negative.toml"
     negative.write_text('[[group]]\ntitle = "a"\narea = "a"\n[history]\nfiles_per_topic = -3\n')
     upstream = f"git:{repos.upstream}@v0.1.1"
+    diff_fork = ["diff", "--fork", str(repos.fork), "--upstream", upstream]
     find_base = ["find-base", "--fork", str(repos.fork2), "--upstream-repo", str(repos.upstream)]
     return {
         "missing path": ["diff", "--fork", str(tmp_path / "nowhere"), "--upstream", upstream],
@@ -110,34 +111,9 @@ def bad_inputs(repos: Repos, tmp_path: Path) -> dict[str, list[str]]:
         "empty repository": ["diff", "--fork", str(empty), "--upstream", upstream],
         "unreadable file": ["diff", "--fork", f"sdist:{garbage}", "--upstream", upstream],
         "corrupt object": ["diff", "--fork", str(corrupt), "--upstream", upstream],
-        "unknown rules key": [
-            "diff",
-            "--fork",
-            str(repos.fork),
-            "--upstream",
-            upstream,
-            "--rules",
-            str(rules),
-        ],
-        "negative files_per_topic": [
-            "diff",
-            "--fork",
-            str(repos.fork),
-            "--upstream",
-            upstream,
-            "--rules",
-            str(negative),
-        ],
-        "mistyped scope": [
-            "diff",
-            "--fork",
-            str(repos.fork),
-            "--upstream",
-            upstream,
-            "--scope",
-            "nonexist/",
-            "--fail-on-surprise",
-        ],
+        "unknown rules key": [*diff_fork, "--rules", str(rules)],
+        "negative files_per_topic": [*diff_fork, "--rules", str(negative)],
+        "mistyped scope": [*diff_fork, "--scope", "nonexist/", "--fail-on-surprise"],
         "mistyped scope in find-base": [
             *find_base,
             "--candidates",
@@ -147,15 +123,8 @@ def bad_inputs(repos: Repos, tmp_path: Path) -> dict[str, list[str]]:
         ],
         "reversed range": [*find_base, "--candidates", "v0.2.0..v0.1.1"],
         "missing option": ["diff", "--fork", str(repos.fork)],
-        "unwritable output": [
-            "diff",
-            "--fork",
-            str(repos.fork),
-            "--upstream",
-            upstream,
-            "--json",
-            str(plain / "no" / "x.json"),
-        ],
+        "unwritable output": [*diff_fork, "--json", str(plain / "no" / "x.json")],
+        "output is a folder": [*find_base, "--candidates", "v0.1.1..v0.2.0", "--json", str(plain)],
         "bad candidates": [*find_base, "--candidates", "v9..v10"],
     }
 
@@ -173,7 +142,8 @@ EXPECTED_MESSAGES = {
     "mistyped scope in find-base": "scope 'zz/' matches no file of the fork or of any candidate",
     "reversed range": "'v0.2.0..v0.1.1' is empty: 'v0.1.1' is an ancestor of 'v0.2.0'",
     "missing option": "the following arguments are required: --upstream",
-    "unwritable output": "No such file or directory",
+    "unwritable output": "x.json: the directory",
+    "output is a folder": "is a directory; expected a file path",
     "bad candidates": "unknown ref 'v9'",
 }
 
@@ -209,4 +179,22 @@ def test_bad_input_leaves_earlier_outputs_alone(
     )
     assert (code, stdout) == (2, "")
     assert "scope 'vlm/'" in stderr
+    assert report.read_text() == '{"kept": true}\n'
+
+
+def test_an_unwritable_output_is_refused_before_any_output_is_written(
+    repos: Repos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "audit.json"
+    report.write_text('{"kept": true}\n')
+    missing = tmp_path / "no-such-folder" / "audit.patch"
+    code, stdout, stderr = _run(
+        capsys,
+        *["diff", "--fork", str(repos.fork), "--upstream", f"git:{repos.upstream}@v0.1.1"],
+        *["--json", str(report), "--patch", str(missing)],
+    )
+    assert (code, stdout) == (2, "")
+    assert stderr == (
+        f"forkaudit: error: --patch {missing}: the directory {missing.parent} does not exist\n"
+    )
     assert report.read_text() == '{"kept": true}\n'

@@ -98,7 +98,22 @@ def _print_error(message: str) -> None:
     print(f"forkaudit: error: {' '.join(message.split())}", file=sys.stderr)
 
 
+def _check_outputs(**targets: str | None) -> None:
+    """Refuse an output file that cannot be written, before the audit's slow work and before any
+    output is written, so that a refused run leaves every file as it was."""
+    for option, target in targets.items():
+        if target is None or target == "-":
+            continue
+        path = Path(target)
+        if path.is_dir():
+            raise AuditError(f"--{option} {target} is a directory; expected a file path")
+        if not path.parent.is_dir():
+            missing = "is not a directory" if path.parent.exists() else "does not exist"
+            raise AuditError(f"--{option} {target}: the directory {path.parent} {missing}")
+
+
 def _run_diff(args: _CliArgs) -> int:
+    _check_outputs(json=args.json, markdown=args.markdown, patch=args.patch)
     report = diff(
         args.fork,
         args.upstream,
@@ -125,6 +140,7 @@ def _run_diff(args: _CliArgs) -> int:
 
 
 def _run_find_base(args: _CliArgs) -> int:
+    _check_outputs(json=args.json)
     result = find_base(
         args.fork, args.upstream_repo, args.candidates, scope=args.scope, cache_dir=args.cache_dir
     )
