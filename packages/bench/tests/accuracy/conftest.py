@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import pytest
 
+from kvbench.accuracy import cli as accuracy_cli
 from kvbench.accuracy._config import TASKS_DIR
+
+
+def run_cli(argv: list[str]) -> int:
+    """``kvbench accuracy ...`` in this process; the exit code the command would return."""
+    parser = argparse.ArgumentParser(prog="kvbench")
+    accuracy_cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
 
 
 @pytest.fixture(scope="session")

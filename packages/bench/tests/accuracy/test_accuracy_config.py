@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -10,8 +9,9 @@ from typing import Any
 import pytest
 
 from kvbench.accuracy import BackendMissingError, ConfigError, run_accuracy
-from kvbench.accuracy import cli as accuracy_cli
 from kvbench.accuracy._config import DEFAULT_CONFIG, load_config
+
+from conftest import run_cli
 
 # The example configs kept in the repository beside the package (packages/bench/configs).
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -82,10 +82,7 @@ def test_bad_backend_settings_are_refused(tmp_path: Path, text: str, message: st
 
 def test_cli_prints_a_bad_backend_in_one_line(tmp_path: Path, capsys: Any) -> None:
     config = _write(tmp_path, '[model]\nbackend = "vllm-cpu"\n' + _ARC_EASY_RUN)
-    parser = argparse.ArgumentParser(prog="kvbench")
-    accuracy_cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["accuracy", "--config", str(config), "--out", str(tmp_path)])
-    assert args.func(args) == 2
+    assert run_cli(["accuracy", "--config", str(config), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err == (
         "kvbench accuracy: error: `model.backend` is 'vllm-cpu'; expected one of kvquant-hf, vllm\n"
@@ -173,50 +170,21 @@ def test_device_override_is_checked_before_the_model_is_looked_at(tmp_path: Path
     assert not (tmp_path / "out").exists()
 
 
-def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvbench")
-    accuracy_cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
-
-
-def test_cli_refuses_an_out_path_that_is_a_file_before_loading_the_model(
-    tmp_path: Path, capsys: Any
-) -> None:
+def test_cli_checks_its_outputs_before_loading_the_model(tmp_path: Path, capsys: Any) -> None:
+    # Every way a path can be unwritable is tested on `output_problem` (tests/test_output.py);
+    # here, that the command asks it for both outputs before any slow work and writes nothing.
+    # The model does not exist: had the run got as far as loading it, that would be the error.
     taken = tmp_path / "taken"
     taken.write_text("keep me\n", encoding="utf-8")
-    config = _write(tmp_path, _ARC_EASY_RUN)
-    # The model does not exist: had the run got as far as loading it, that would be the error.
-    argv = ["accuracy", "--config", str(config), "--model", str(tmp_path / "no-model")]
-    assert _cli([*argv, "--out", str(taken)]) == 2
+    argv = ["accuracy", "--config", str(_write(tmp_path, _ARC_EASY_RUN))]
+    argv += ["--model", str(tmp_path / "no-model")]
+    assert run_cli([*argv, "--out", str(taken)]) == 2
     err = capsys.readouterr().err
     assert err == f"kvbench accuracy: error: output folder {taken} is a file; expected a folder\n"
-    assert taken.read_text(encoding="utf-8") == "keep me\n"
-    assert _cli([*argv, "--out", str(taken / "sub")]) == 2
-    err = capsys.readouterr().err
-    assert err == (
-        f"kvbench accuracy: error: output folder {taken / 'sub'} cannot be created: "
-        f"{taken} is a file, not a folder\n"
-    )
-
-
-@pytest.mark.parametrize("target", ["folder", "under-a-file"])
-def test_cli_refuses_a_json_path_it_could_not_write_before_anything_runs(
-    tmp_path: Path, capsys: Any, target: str
-) -> None:
-    taken = tmp_path / "taken"
-    taken.write_text("keep me\n", encoding="utf-8")
-    json_out, expected = {
-        "folder": (tmp_path, f"`--json` {tmp_path} is a folder; expected a file path"),
-        "under-a-file": (
-            taken / "r.json",
-            f"`--json` {taken / 'r.json'} cannot be created: {taken} is a file, not a folder",
-        ),
-    }[target]
     out = tmp_path / "out"
-    argv = ["accuracy", "--config", str(_write(tmp_path, _ARC_EASY_RUN)), "--out", str(out)]
-    argv += ["--model", str(tmp_path / "no-model"), "--json", str(json_out)]
-    assert _cli(argv) == 2
-    assert capsys.readouterr().err == f"kvbench accuracy: error: {expected}\n"
+    assert run_cli([*argv, "--out", str(out), "--json", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"kvbench accuracy: error: `--json` {tmp_path} is a folder; expected a file path\n"
+    )
     assert not out.exists() and taken.read_text(encoding="utf-8") == "keep me\n"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,8 @@ from kvbench.accuracy import (
     UnsupportedModelError,
     run_accuracy,
 )
-from kvbench.accuracy import cli as accuracy_cli
+
+from conftest import run_cli
 
 _TINY_CONFIG = """
 [gate]
@@ -33,14 +33,6 @@ limit = 2
 """
 
 
-def _main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvbench")
-    accuracy_cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
-
-
 @pytest.fixture
 def tiny_config(tmp_path: Path) -> Path:
     path = tmp_path / "accuracy.toml"
@@ -50,7 +42,7 @@ def tiny_config(tmp_path: Path) -> Path:
 
 def test_cli_runs_pairs_and_plots(tiny_config: Path, tmp_path: Path, capsys: Any) -> None:
     out, json_out = tmp_path / "out", tmp_path / "result.json"
-    code = _main(
+    code = run_cli(
         [
             "accuracy",
             "--config",
@@ -109,7 +101,7 @@ def test_rerun_reads_finished_requests_from_the_cache(tiny_config: Path, tmp_pat
 def test_bad_arguments_get_one_line_errors(
     argv: list[str], message: str, tmp_path: Path, capsys: Any
 ) -> None:
-    assert _main(["accuracy", "--out", str(tmp_path), *argv]) == 2
+    assert run_cli(["accuracy", "--out", str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
 
