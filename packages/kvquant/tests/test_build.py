@@ -367,6 +367,9 @@ _PREVIOUS = {
     "cells_number": '{"cells": 5}',
     "check_json": '{"device": "cpu", "passed": true, "cases": [], "edge_cases": []}',
     "cell_without_kernel": '{"cells": [{"target": "gfx90a"}]}',
+    "cell_with_a_string_specialization": (
+        '{"cells": [{"kernel": "k", "specialization": "x", "target": "gfx90a"}]}'
+    ),
 }
 
 
@@ -430,13 +433,14 @@ def test_build_refuses_previous_of_the_wrong_shape_before_compiling(
     assert not (root / "cache").exists()
 
 
+@pytest.mark.parametrize("name", ["cell_without_kernel", "cell_with_a_string_specialization"])
 def test_build_refuses_previous_cell_that_is_not_a_manifest_cell(
-    bad_builds: dict[str, Any],
+    bad_builds: dict[str, Any], name: str
 ) -> None:
     root = bad_builds["root"]
     _refused(
-        bad_builds["previous_cell_without_kernel"],
-        f"previous manifest {root / 'cell_without_kernel.json'}: `cells[0]` is not a manifest "
-        "cell; expected an object with kernel, specialization and target",
+        bad_builds[f"previous_{name}"],
+        f"previous manifest {root / name}.json: `cells[0]` is not a manifest cell; expected an "
+        "object with kernel and target strings and a specialization with constexprs",
     )
     assert not (root / "cache").exists()

@@ -108,6 +108,8 @@ def _output_file_problem(path: Path) -> str | None:
         if path.parent.exists():
             return f"--json {path}: {path.parent} is not a directory"
         return f"--json {path}: the directory {path.parent} does not exist"
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        return f"--json {path} is not writable"
     return None
 
 

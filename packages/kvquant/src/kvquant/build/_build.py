@@ -259,23 +259,38 @@ def _read_previous(path: Path) -> dict[str, Any]:
         found = " has no `cells`" if cells is None else f": `cells` is {_json_kind(cells)}"
         raise BuildError(f"previous manifest {path}{found}; {expected}")
     for index, cell in enumerate(cells):
-        if not isinstance(cell, dict) or not {"kernel", "specialization", "target"} <= set(cell):
+        if not _is_manifest_cell(cell):
             raise BuildError(
                 f"previous manifest {path}: `cells[{index}]` is not a manifest cell; expected an "
-                "object with kernel, specialization and target"
+                "object with kernel and target strings and a specialization with constexprs"
             )
     return loaded
 
 
+def _is_manifest_cell(cell: Any) -> bool:
+    """Whether ``cell`` has what the diff and the report read from a cell."""
+    if not isinstance(cell, dict):
+        return False
+    specialization = cell.get("specialization")
+    return (
+        isinstance(cell.get("kernel"), str)
+        and isinstance(cell.get("target"), str)
+        and isinstance(specialization, dict)
+        and isinstance(specialization.get("constexprs"), dict)
+    )
+
+
 def _check_out(out: Path) -> None:
-    """Refuse an ``out`` that cannot become a directory, before anything compiles."""
+    """Refuse an ``out`` that cannot become a writable directory, before anything compiles."""
     if out.exists() and not out.is_dir():
         raise BuildError(f"`out` {out} exists and is not a directory")
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise BuildError(f"`out` {out}: {parent} is not a directory")
+    nearest = out
+    while not nearest.exists() and nearest != nearest.parent:
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        raise BuildError(f"`out` {out}: {nearest} is not a directory")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise BuildError(f"`out` {out}: {nearest} is not writable")
 
 
 def build(
