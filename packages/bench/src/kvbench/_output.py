@@ -11,11 +11,8 @@ from pathlib import Path
 
 
 def _nearest_existing(path: Path) -> Path:
-    """``path`` or the closest of its parents that exists (a relative path ends at ``.``)."""
-    for candidate in (path, *path.parents):
-        if candidate.exists() or candidate.is_symlink():
-            return candidate
-    return Path.cwd()
+    """``path`` or the closest of its parents that exists; ``path`` is absolute, so ``/`` does."""
+    return next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())
 
 
 def output_problem(path: Path, label: str, *, folder: bool) -> str | None:

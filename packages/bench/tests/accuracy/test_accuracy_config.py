@@ -170,6 +170,25 @@ def test_device_override_is_checked_before_the_model_is_looked_at(tmp_path: Path
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("backend", "expected"),
+    [
+        ("", "expected cpu, cuda or cuda:N (e.g. cuda:0)"),
+        ('[model]\nbackend = "vllm"\n', "backend 'vllm' runs on cpu or cuda"),
+    ],
+)
+def test_cli_names_the_device_option_as_typed(
+    tmp_path: Path, capsys: Any, backend: str, expected: str
+) -> None:
+    config = _write(tmp_path, backend + _ARC_EASY_RUN)
+    out = tmp_path / "out"
+    argv = ["accuracy", "--config", str(config), "--out", str(out), "--device", "gpu"]
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"kvbench accuracy: error: `--device` is 'gpu'; {expected}\n"
+    assert not out.exists()
+
+
 def test_cli_checks_its_outputs_before_loading_the_model(tmp_path: Path, capsys: Any) -> None:
     # Every way a path can be unwritable is tested on `output_problem` (tests/test_output.py);
     # here, that the command asks it for both outputs before any slow work and writes nothing.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.__main__ import main
-from kvbench.throughput import EngineMissingError, run_throughput
+from kvbench.throughput import EngineMissingError, HistoryError, run_throughput
 
 KERNEL_MATRIX = """
 name = "kernel-test"
@@ -73,9 +73,23 @@ def test_cli_history_lists_runs(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
-def test_missing_vllm_names_how_to_install_it(tmp_path: Path) -> None:
+def test_missing_vllm_names_how_to_install_it_and_leaves_no_trace(tmp_path: Path) -> None:
     with pytest.raises(EngineMissingError, match="pip install vllm"):
-        run_throughput(None, out_dir=tmp_path / "out", progress=False)
+        run_throughput(None, out_dir=tmp_path / "night" / "out", progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_history_url_that_cannot_be_opened_is_refused_before_the_output_folder_is_made(
+    tmp_path: Path,
+) -> None:
+    matrix = tmp_path / "kernel.toml"
+    matrix.write_text(KERNEL_MATRIX)
+    history = tmp_path / "no-such-folder" / "h.sqlite3"
+    with pytest.raises(HistoryError, match=r"its folder does not exist$"):
+        run_throughput(
+            matrix, history_url=f"sqlite:///{history}", out_dir=tmp_path / "out", progress=False
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kernel.toml"]
 
 
 VLLM_MATRIX = """

@@ -30,6 +30,7 @@ from lm_eval.utils import (  # type: ignore[import-untyped]
 )
 from tqdm import tqdm  # type: ignore[import-untyped]
 
+from ._config import MODEL_DTYPES
 from ._errors import AccuracyError, ModelLoadError, UnsupportedModelError
 from ._kv_attention import (
     ATTN_IMPLEMENTATION,
@@ -72,13 +73,12 @@ def load_model(
     model_dir = resolve_model(model)
     check_has_kv_cache(model_dir)
     register_attention()
+    if dtype not in MODEL_DTYPES:
+        raise AccuracyError(f"`dtype` is {dtype!r}; expected one of {', '.join(MODEL_DTYPES)}")
     if dtype == "auto":
         torch_dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    elif dtype in ("float32", "float16", "bfloat16"):
-        torch_dtype = getattr(torch, dtype)
     else:
-        msg = f"`dtype` is {dtype!r}; expected auto, float32, float16 or bfloat16"
-        raise AccuracyError(msg)
+        torch_dtype = getattr(torch, dtype)
     if device.startswith("cuda") and not torch.cuda.is_available():
         msg = f"`device` is {device!r} but no CUDA device is available; expected cpu"
         raise AccuracyError(msg)

@@ -90,6 +90,7 @@ def _error(message: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ._config import check_device, load_config
     from ._errors import AccuracyError
     from ._run import RESULT_NAME, run_accuracy
 
@@ -100,6 +101,9 @@ def _run(args: argparse.Namespace) -> int:
         if problem is not None:
             return _error(problem)
     try:
+        if args.device is not None:
+            # run_accuracy checks it too, as its `device` argument; here it is the option typed.
+            check_device(args.device, load_config(args.config).backend, "--device")
         result = run_accuracy(
             args.config,
             model=args.model,

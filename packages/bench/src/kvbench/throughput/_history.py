@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from ._errors import HistoryError
 
@@ -59,6 +59,33 @@ def default_history_url(out_dir: Path) -> str:
     return f"sqlite:///{(out_dir.resolve().parent / 'kvbench-history.sqlite3').as_posix()}"
 
 
+def check_history_url(url: str, *, create: bool = True) -> URL:
+    """The parsed ``url``, checked without connecting or creating anything.
+
+    Raises HistoryError when it is not a SQLAlchemy URL, or names a SQLite file whose folder does
+    not exist, or (``create`` False) a SQLite file that does not exist.
+    """
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError:
+        raise HistoryError(
+            f"`history` is {url!r}; expected a SQLAlchemy URL such as sqlite:///FILE"
+        ) from None
+    # An empty database name and ":memory:" are SQLite's in-memory databases.
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return parsed
+    database = Path(parsed.database)
+    if not create and not database.exists():
+        raise HistoryError(
+            f"no history at {database}: the file does not exist "
+            "(`kvbench throughput` creates it on its first run)"
+        )
+    if not database.parent.is_dir():
+        label = parsed.render_as_string(hide_password=True)
+        raise HistoryError(f"history database {label}: its folder does not exist")
+    return parsed
+
+
 def _migrations_config(connection: sa.Connection) -> Any:
     from alembic.config import Config
 
@@ -82,23 +109,9 @@ class History:
     def __init__(
         self, url: str, *, lock_timeout_s: float = SQLITE_LOCK_TIMEOUT_S, create: bool = True
     ) -> None:
-        try:
-            parsed = make_url(url)
-        except sa.exc.ArgumentError:
-            raise HistoryError(
-                f"`history` is {url!r}; expected a SQLAlchemy URL such as sqlite:///FILE"
-            ) from None
+        parsed = check_history_url(url, create=create)
         self.label = parsed.render_as_string(hide_password=True)
         is_sqlite = parsed.get_backend_name() == "sqlite"
-        # An empty database name and ":memory:" are SQLite's in-memory databases.
-        on_disk = is_sqlite and parsed.database not in (None, "", ":memory:")
-        if on_disk and not create and not Path(str(parsed.database)).exists():
-            raise HistoryError(
-                f"no history at {parsed.database}: the file does not exist "
-                "(`kvbench throughput` creates it on its first run)"
-            )
-        if on_disk and not Path(str(parsed.database)).parent.is_dir():
-            raise HistoryError(f"history database {self.label}: its folder does not exist")
         connect_args = {"timeout": lock_timeout_s} if is_sqlite else {}
         try:
             self.engine = sa.create_engine(url, connect_args=connect_args)

@@ -13,7 +13,7 @@ from ._capacity import computed_capacity
 from ._e2e import check_vllm, run_e2e_cell
 from ._errors import OutputError
 from ._hardware import fingerprint
-from ._history import History, default_history_url
+from ._history import History, check_history_url, default_history_url
 from ._kernels import add_speedups, copy_bandwidth_gbs, run_kernel_cell, select_device
 from ._matrix import Cell, E2ECell, KernelCell, Matrix, load_matrix
 from ._model import model_shape, resolve_model
@@ -47,19 +47,25 @@ def run_throughput(
 
     Raises:
         MatrixError, OutputError, EngineMissingError, HistoryError, ThroughputError: before any
-            cell runs, except a HistoryError from recording the finished run.
+            cell runs (before out_dir or the history is created, but for a history database that
+            cannot be opened), except a HistoryError from recording the finished run.
     """
     spec = load_matrix(matrix)
     problem = output_problem(out_dir, "output folder", folder=True)
     if problem is not None:
         raise OutputError(problem)
+    if history_url is not None:
+        check_history_url(history_url)
+    # Everything a run needs is checked before the output folder or the history is made, so a
+    # refused run leaves no trace.
+    model_path = _engine_model(spec)
     out_dir.mkdir(parents=True, exist_ok=True)
     started_at = dt.datetime.now(dt.UTC)
     start = time.perf_counter()
     history = History(history_url or default_history_url(out_dir))
     try:
         hardware = fingerprint()
-        cells, model_path = _run_cells(spec, out_dir, progress)
+        cells = _run_cells(spec, model_path, out_dir, progress)
         capacity = _capacity(spec, cells, model_path)
         regressions = _judge(spec, cells, history, hardware["key"])
         result: dict[str, Any] = {
@@ -90,25 +96,28 @@ def run_throughput(
     return result
 
 
+def _engine_model(spec: Matrix) -> str | None:
+    """The end-to-end cells' model folder, once vLLM is known to be there; None without them."""
+    if not any(isinstance(c, E2ECell) for c in spec.cells):
+        return None
+    check_vllm()
+    return resolve_model(spec.engine.model)
+
+
 def _run_cells(
-    spec: Matrix, out_dir: Path, progress: bool
-) -> tuple[list[dict[str, Any]], str | None]:
-    """Every cell in declared order, and the e2e model's folder (None without e2e cells).
+    spec: Matrix, model_path: str | None, out_dir: Path, progress: bool
+) -> list[dict[str, Any]]:
+    """Every cell in declared order.
 
     A cell that raises is recorded as failed with the error's first line; the rest still run.
     """
     from tqdm import tqdm  # type: ignore[import-untyped]
 
     kernel_cells = [c for c in spec.cells if isinstance(c, KernelCell)]
-    e2e_cells = [c for c in spec.cells if isinstance(c, E2ECell)]
     device, copy_gbs = "", 0.0
     if kernel_cells:
         device = select_device()
         copy_gbs = copy_bandwidth_gbs(device, kernel_cells[0].shape)
-    model_path = None
-    if e2e_cells:
-        check_vllm()
-        model_path = resolve_model(spec.engine.model)
     results = []
     for cell in tqdm(spec.cells, desc=spec.name, unit="cell", disable=not progress):
         try:
@@ -121,7 +130,7 @@ def _run_cells(
             measured = {"status": "failed", "error": _one_line(error)}
         results.append({**_blank(cell), **measured})
     add_speedups(results)
-    return results, model_path
+    return results
 
 
 def _blank(cell: Cell) -> dict[str, Any]:
