@@ -47,12 +47,20 @@ def test_failed_or_skipped_needs_a_reason() -> None:
     assert make_record(status="skipped", reason="no GPU").reason == "no GPU"
 
 
-@pytest.mark.parametrize("name", ["../../outside.png", "assets/x.png", "..", "", ".hidden.png"])
+@pytest.mark.parametrize(
+    "name", ["../../outside.png", "assets/x.png", "..", "", ".hidden.png", "x.png\n"]
+)
 def test_an_artifact_name_that_is_a_path_is_refused(name: str) -> None:
     # A figure's name becomes a path beside the ADRs when it is copied there.
     with pytest.raises(RecordError, match="must be a plain file name"):
         dataclasses.replace(make_record(), artifacts={name: "/tmp/x.png"})
-    assert dataclasses.replace(make_record(), artifacts={"e2e-vs_batch.png": "/tmp/x.png"})
+    plain = {"e2e-vs_batch.png": "/tmp/x.png"}
+    assert dataclasses.replace(make_record(), artifacts=plain).artifacts == plain
+
+
+def test_a_stage_name_with_a_line_break_is_refused() -> None:
+    with pytest.raises(RecordError, match="`stage` must be lowercase"):
+        make_record(stage="audit\n")
 
 
 def test_unknown_schema_version_is_named(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from adrkit._errors import MarkerError
 # Loose on purpose: anything that looks like a marker is checked, so a typo is an error rather
 # than human text that silently stops being regenerated.
 _MARKER = re.compile(r"<!--\s*generated:(?P<key>\S*?)\s+(?P<end>\S+)\s*-->")
-_KEY = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_KEY = re.compile(r"[a-z0-9][a-z0-9-]*")
 LANGS = ("en", "zh")
 
 
@@ -99,7 +99,7 @@ def _blocks(path: Path, text: str) -> tuple[Block, ...]:
         key, kind = match.group("key"), match.group("end")
         line = text.count("\n", 0, match.start()) + 1
         where = f"{path}:{line}"
-        if not _KEY.match(key) or kind not in {"begin", "end"}:
+        if not _KEY.fullmatch(key) or kind not in {"begin", "end"}:
             msg = (
                 f"{where}: malformed marker {match.group(0)!r}; "
                 "expected '<!-- generated:KEY begin -->' or '<!-- generated:KEY end -->'"

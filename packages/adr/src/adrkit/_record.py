@@ -33,10 +33,10 @@ STATUSES: tuple[Status, ...] = ("passed", "failed", "skipped")
 # A metric or table cell is a JSON scalar. Lists and objects belong in tables or artifacts.
 Scalar = str | int | float | bool | None
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
 # An artifact's name becomes part of a path beside the ADRs (figures are copied there): a plain
 # file name, never a path.
-_ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ARTIFACT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _GATE_OPS = {
     "<=": lambda v, t: v <= t,
     "<": lambda v, t: v < t,
@@ -112,7 +112,7 @@ class Record:
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.stage):
+        if not _NAME.fullmatch(self.stage):
             msg = f"`stage` must be lowercase letters, digits, '-' or '_', got {self.stage!r}"
             raise RecordError(msg)
         if self.status not in STATUSES:
@@ -122,7 +122,7 @@ class Record:
             msg = f"stage {self.stage!r} is {self.status} but has no `reason`"
             raise RecordError(msg)
         for name in self.artifacts:
-            if not _ARTIFACT_NAME.match(name):
+            if not _ARTIFACT_NAME.fullmatch(name):
                 msg = f"artifact name {name!r} of stage {self.stage!r} must be a plain file name"
                 raise RecordError(msg)
         for name, table in self.tables.items():
