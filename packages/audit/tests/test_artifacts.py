@@ -99,7 +99,10 @@ def test_broken_sdist_is_a_one_line_error(tiny: Tiny, tmp_path: Path, keep: floa
     data = tiny.sdist.read_bytes()
     broken = tmp_path / tiny.sdist.name
     broken.write_bytes(data[: int(len(data) * keep)])  # truncated, or empty
-    expected = f"`sdist:{broken}`: file {str(broken)!r} is not a readable .tar.gz archive"
+    expected = (
+        f"`sdist:{broken}`: file {str(broken)!r} is not a readable tar archive "
+        "(.tar.gz, .tar.bz2 or .tar.xz)"
+    )
     with pytest.raises(forkaudit.SpecError) as raised:
         forkaudit.diff(f"sdist:{broken}", f"git:{tiny.repo}")
     assert str(raised.value) == expected

@@ -134,7 +134,7 @@ EXPECTED_MESSAGES = {
     "not a git repository": "is not a git repository",
     "unknown ref": "unknown ref 'no-such-ref'",
     "empty repository": "is empty",
-    "unreadable file": "garbage.tar.gz' is not a readable .tar.gz archive\n",
+    "unreadable file": "garbage.tar.gz' is not a readable tar archive (.tar.gz, .tar.bz2 or ",
     "corrupt object": "git ls-tree failed",
     "unknown rules key": "unknown key `typo`",
     "negative files_per_topic": "`files_per_topic` must be a positive integer, got -3",

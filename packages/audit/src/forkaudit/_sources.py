@@ -253,7 +253,10 @@ def _open_sdist(spec: str, file: Path) -> Snapshot:
             msg = f"`{spec}`: cannot read sdist {str(file)!r}: {error.strerror}"
         else:  # not an archive, or a truncated or corrupt one; tarfile's own message lists
             # every decompressor it tried, over several lines, so it is not repeated here
-            msg = f"`{spec}`: file {str(file)!r} is not a readable .tar.gz archive"
+            msg = (
+                f"`{spec}`: file {str(file)!r} is not a readable tar archive "
+                "(.tar.gz, .tar.bz2 or .tar.xz)"
+            )
         raise SpecError(msg) from None
     return builder.snapshot
 
