@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from adrkit import (
     Gate,
     Provenance,
     Record,
+    RecordError,
     Scalar,
     Table,
     hardware,
@@ -25,6 +27,7 @@ from adrkit import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+GATES_FILE = REPO_ROOT / "flows" / "gates.toml"
 # Versions recorded with every record, so a figure can be tied to the code that produced it.
 PROVENANCE_PACKAGES = ["adrkit", "forkaudit", "kvquant", "kvbench", "prefect", "torch", "triton"]
 
@@ -57,8 +60,9 @@ def build_record(
     fork_commit: str | None = None,
     fork_tree: str | None = None,
 ) -> Record:
-    """A record whose status follows its gates: a failed gate fails the stage, with the reason."""
-    gates = gates or []
+    """A record whose status follows its gates, ``gates`` and those of gates.toml for ``stage``:
+    a failed gate fails the stage, with the reason."""
+    gates = [*(gates or []), *stage_gates(stage, metrics)]
     failed = [g for g in gates if not g.passed]
     reason = "; ".join(f"gate {g.name}: {g.value:g} not {g.op} {g.threshold:g}" for g in failed)
     return Record(
@@ -72,6 +76,36 @@ def build_record(
         artifacts=artifacts or {},
         provenance=_provenance(ctx, started_at, fork_commit, fork_tree),
     )
+
+
+class GatesFileError(ValueError):
+    """Raised when gates.toml is malformed or names a metric its stage does not record."""
+
+
+def stage_gates(
+    stage: str, metrics: dict[str, Scalar], gates_file: Path = GATES_FILE
+) -> list[Gate]:
+    """The gates ``gates_file`` declares for ``stage``, each judged on its metric."""
+    try:
+        declared = tomllib.loads(gates_file.read_text(encoding="utf-8")).get(stage, {})
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise GatesFileError(f"{gates_file}: {error}") from None
+    gates = []
+    for metric, rule in declared.items():
+        where = f"{gates_file}: [{stage}] {metric}"
+        if not isinstance(rule, dict) or set(rule) != {"op", "threshold"}:
+            raise GatesFileError(f"{where} must be a table {{ op = ..., threshold = ... }}")
+        threshold = rule["threshold"]
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+            raise GatesFileError(f"{where}: threshold {threshold!r} is not a number")
+        value = metrics.get(metric)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise GatesFileError(f"{where}: the stage records no numeric metric {metric!r}")
+        try:
+            gates.append(Gate.judge(metric, float(value), str(rule["op"]), float(threshold)))
+        except RecordError as error:  # an unknown comparison
+            raise GatesFileError(f"{gates_file}: [{stage}] {error}") from None
+    return gates
 
 
 def failed_record(ctx: RunContext, stage: str, started_at: str, reason: str) -> Record:

@@ -14,7 +14,7 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.states import State
 
 import forkaudit
-from adrkit import Gate, Record, Table, utc_now, write_record
+from adrkit import Record, Table, utc_now, write_record
 from flows._stage import RunContext, build_record, publish
 
 STAGE = "audit"
@@ -93,7 +93,6 @@ def audit_record(
                 [[f["path"], f["side"], f["reason"]] for f in report.get("left_out", [])],
             ),
         },
-        gates=[Gate.judge("vendor_risk_changes", float(risky_files), "<=", 0.0)],
         artifacts=artifacts,
         fork_commit=fork.get("commit"),
         fork_tree=fork.get("tree"),

@@ -85,7 +85,6 @@ def kernels_record(ctx: RunContext, started_at: str, result: dict[str, Any]) -> 
         for g in result["gates"]
         if g.get("value") is not None
     ]
-    gates.append(Gate.judge("cells_failed", float(len(failures)), "<=", 0.0))
     targets = sorted({c["target"] for c in cells})
     changes = (
         f"{len(result['diff'])} resource changes"

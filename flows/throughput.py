@@ -15,7 +15,7 @@ from typing import Any
 
 from prefect import flow, task
 
-from adrkit import Gate, Record, Scalar, Table, utc_now, write_record
+from adrkit import Record, Scalar, Table, utc_now, write_record
 from flows._stage import (
     RunContext,
     build_record,
@@ -115,7 +115,7 @@ def throughput_record(
             "matrix": result["matrix"],
             "hardware": result["hardware"]["key"],
             "cells": len(cells),
-            "cells_ok": ok,
+            "cells_measured": ok,
             "regressions": regressions,
             "elapsed_s": round(result["elapsed_s"], 1),
         },
@@ -129,10 +129,6 @@ def throughput_record(
                 [[row.get(field) for field in _CAPACITY_FIELDS] for row in result["capacity"]],
             ),
         },
-        gates=[
-            Gate.judge("cells_measured", float(ok), ">=", 1.0),
-            Gate.judge("regressions", float(regressions), "<=", 0.0),
-        ],
         artifacts=artifacts,
     )
 

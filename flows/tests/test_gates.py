@@ -1,0 +1,113 @@
+"""gates.toml: each stage's gates, judged on the metrics its record holds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from adrkit import utc_now
+from flows._stage import GatesFileError, RunContext, stage_gates
+from flows.throughput import throughput_record
+
+# Two real kernel cells through Triton's interpreter: enough for a throughput record.
+_KERNEL_MATRIX = """
+name = "gates-test"
+[kernel_shape]
+num_q_heads = 4
+num_kv_heads = 2
+head_size = 64
+block_size = 16
+cpu_runs = 1
+[[kernel]]
+op = "cache_write"
+cache_dtype = ["int8", "bfloat16"]
+batch = 1
+context = 32
+"""
+
+
+def test_the_shipped_gates_judge_a_real_throughput_record(tmp_path: Path) -> None:
+    # The server tests judge audit, kernels and correctness through the pipeline; throughput has
+    # no vLLM there, so its gates are checked on a kernel-only run here. In a process of its own:
+    # on a CPU it switches Triton to the interpreter, which the kernel build tests must not get.
+    matrix = tmp_path / "kernel.toml"
+    matrix.write_text(_KERNEL_MATRIX)
+    started_at = utc_now()
+    result_file = tmp_path / "throughput.json"
+    argv = ["throughput", "--matrix", str(matrix), "--out", str(tmp_path / "out")]
+    argv += ["--history", f"sqlite:///{tmp_path / 'h.sqlite3'}", "--json", str(result_file)]
+    done = subprocess.run(
+        [sys.executable, "-m", "kvbench", *argv, "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(result_file.read_text())
+    record = throughput_record(RunContext("run-1", tmp_path), started_at, result, {})
+    assert [(g.name, g.value, g.op, g.threshold) for g in record.gates] == [
+        ("cells_measured", 2.0, ">=", 1.0),
+        ("regressions", 0.0, "<=", 0.0),
+    ]
+    assert record.status == "passed"
+
+
+def _gates_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "gates.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_each_gate_is_judged_on_its_metric_and_other_stages_are_untouched(
+    tmp_path: Path,
+) -> None:
+    gates_file = _gates_file(
+        tmp_path,
+        '[audit]\nrisky = { op = "<=", threshold = 0 }\nfiles = { op = "<", threshold = 10 }\n',
+    )
+    gates = stage_gates("audit", {"risky": 2, "files": 3, "note": "x"}, gates_file)
+    assert [(g.name, g.value, g.passed) for g in gates] == [
+        ("risky", 2.0, False),
+        ("files", 3.0, True),
+    ]
+    assert stage_gates("kernels", {"risky": 2}, gates_file) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '[audit]\nriksy = { op = "<=", threshold = 0 }\n',
+            "[audit] riksy: the stage records no numeric metric 'riksy'",
+        ),
+        (
+            '[audit]\nnote = { op = "==", threshold = 0 }\n',
+            "[audit] note: the stage records no numeric metric 'note'",
+        ),
+        ("[audit]\nrisky = 0\n", "[audit] risky must be a table { op = ..., threshold = ... }"),
+        (
+            '[audit]\nrisky = { op = "<=", threshold = 0, warn = 1 }\n',
+            "[audit] risky must be a table { op = ..., threshold = ... }",
+        ),
+        (
+            '[audit]\nrisky = { op = "<=", threshold = "0" }\n',
+            "[audit] risky: threshold '0' is not a number",
+        ),
+        ('[audit]\nrisky = { op = "=<", threshold = 0 }\n', "[audit] gate `risky`: op '=<'"),
+        ("[audit\n", "Expected ']'"),
+    ],
+)
+def test_a_bad_gates_file_is_one_line_naming_the_file(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    gates_file = _gates_file(tmp_path, text)
+    with pytest.raises(GatesFileError) as raised:
+        stage_gates("audit", {"risky": 1, "note": "x"}, gates_file)
+    assert str(raised.value).startswith(f"{gates_file}: ")
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value)
