@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,29 +83,55 @@ class GatesFileError(ValueError):
     """Raised when gates.toml is malformed or names a metric its stage does not record."""
 
 
+def load_gates(
+    gates_file: Path = GATES_FILE, known_stages: Collection[str] | None = None
+) -> dict[str, dict[str, tuple[str, float]]]:
+    """gates.toml, checked whole: {stage: {metric: (op, threshold)}}.
+
+    With ``known_stages``, a section for any other stage is an error: a misspelt stage would
+    otherwise run with no gates at all.
+    """
+    try:
+        data = tomllib.loads(gates_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise GatesFileError(f"{gates_file}: {error}") from None
+    gates: dict[str, dict[str, tuple[str, float]]] = {}
+    for stage, declared in data.items():
+        if known_stages is not None and stage not in known_stages:
+            known = ", ".join(known_stages)
+            raise GatesFileError(f"{gates_file}: [{stage}] is not a stage; expected one of {known}")
+        if not isinstance(declared, dict):
+            raise GatesFileError(f"{gates_file}: {stage} must be a table [{stage}] of gates")
+        gates[stage] = {}
+        for metric, rule in declared.items():
+            where = f"{gates_file}: [{stage}] {metric}"
+            if not isinstance(rule, dict) or set(rule) != {"op", "threshold"}:
+                raise GatesFileError(f"{where} must be a table {{ op = ..., threshold = ... }}")
+            op, threshold = str(rule["op"]), rule["threshold"]
+            if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+                raise GatesFileError(f"{where}: threshold {threshold!r} is not a number")
+            if not math.isfinite(threshold):
+                raise GatesFileError(f"{where}: threshold {threshold!r} is not finite")
+            try:
+                Gate.judge(metric, 0.0, op, float(threshold))
+            except RecordError as error:  # an unknown comparison
+                raise GatesFileError(f"{gates_file}: [{stage}] {error}") from None
+            gates[stage][metric] = (op, float(threshold))
+    return gates
+
+
 def stage_gates(
     stage: str, metrics: dict[str, Scalar], gates_file: Path = GATES_FILE
 ) -> list[Gate]:
     """The gates ``gates_file`` declares for ``stage``, each judged on its metric."""
-    try:
-        declared = tomllib.loads(gates_file.read_text(encoding="utf-8")).get(stage, {})
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-        raise GatesFileError(f"{gates_file}: {error}") from None
     gates = []
-    for metric, rule in declared.items():
-        where = f"{gates_file}: [{stage}] {metric}"
-        if not isinstance(rule, dict) or set(rule) != {"op", "threshold"}:
-            raise GatesFileError(f"{where} must be a table {{ op = ..., threshold = ... }}")
-        threshold = rule["threshold"]
-        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
-            raise GatesFileError(f"{where}: threshold {threshold!r} is not a number")
+    for metric, (op, threshold) in load_gates(gates_file).get(stage, {}).items():
         value = metrics.get(metric)
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise GatesFileError(f"{where}: the stage records no numeric metric {metric!r}")
-        try:
-            gates.append(Gate.judge(metric, float(value), str(rule["op"]), float(threshold)))
-        except RecordError as error:  # an unknown comparison
-            raise GatesFileError(f"{gates_file}: [{stage}] {error}") from None
+            raise GatesFileError(
+                f"{gates_file}: [{stage}] {metric}: the stage records no numeric metric {metric!r}"
+            )
+        gates.append(Gate.judge(metric, float(value), op, threshold))
     return gates
 
 

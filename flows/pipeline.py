@@ -24,7 +24,7 @@ from prefect.runtime import flow_run
 import forkaudit
 from adrkit import Record, new_run_id, read_record, update_adrs, utc_now, write_record
 from flows._remote import run_on_pool
-from flows._stage import REPO_ROOT, RunContext, failed_record, skipped_record
+from flows._stage import REPO_ROOT, RunContext, failed_record, load_gates, skipped_record
 from flows.accuracy import accuracy_stage
 from flows.audit import audit_stage
 from flows.correctness import correctness_stage
@@ -139,6 +139,8 @@ def pipeline(
     if unknown:
         msg = f"unknown stage(s) {unknown}; known stages: {list(STAGES)}"
         raise ValueError(msg)
+    # A broken gates file stops the run before any stage spends its time.
+    load_gates(known_stages=list(STAGES))
     ctx = RunContext(new_run_id(), Path(results_root), flow_run.id)
     params: dict[str, dict[str, Any]] = {
         "audit": {"fork": fork, "upstream": upstream, "scope": scope},

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from adrkit import utc_now
-from flows._stage import GatesFileError, RunContext, stage_gates
+from flows._stage import GatesFileError, RunContext, load_gates, stage_gates
+from flows.pipeline import STAGES
 from flows.throughput import throughput_record
 
 # Two real kernel cells through Triton's interpreter: enough for a throughput record.
@@ -99,6 +100,8 @@ def test_each_gate_is_judged_on_its_metric_and_other_stages_are_untouched(
             "[audit] risky: threshold '0' is not a number",
         ),
         ('[audit]\nrisky = { op = "=<", threshold = 0 }\n', "[audit] gate `risky`: op '=<'"),
+        ('[audit]\nrisky = { op = "<=", threshold = nan }\n', "threshold nan is not finite"),
+        ("audit = 3\n", "audit must be a table [audit] of gates"),
         ("[audit\n", "Expected ']'"),
     ],
 )
@@ -111,3 +114,13 @@ def test_a_bad_gates_file_is_one_line_naming_the_file(
     assert str(raised.value).startswith(f"{gates_file}: ")
     assert message in str(raised.value)
     assert "\n" not in str(raised.value)
+
+
+def test_the_shipped_gates_file_names_only_the_pipeline_stages(tmp_path: Path) -> None:
+    assert set(load_gates(known_stages=list(STAGES))) <= set(STAGES)
+    misspelt = _gates_file(tmp_path, '[audti]\nrisky = { op = "<=", threshold = 0 }\n')
+    with pytest.raises(GatesFileError) as raised:
+        load_gates(misspelt, known_stages=list(STAGES))
+    assert str(raised.value) == (
+        f"{misspelt}: [audti] is not a stage; expected one of {', '.join(STAGES)}"
+    )

@@ -92,8 +92,15 @@ def test_nightly_deployment_runs_every_stage_and_writes_adrs(
     # The fork's patch touches env vars and an attention backend: a gate failure, recorded.
     assert audit.status == "failed"
     assert not audit.gates_passed
+    assert [g.name for g in audit.gates] == ["vendor_risk_changes"]
     assert records["kernels"].metrics["cells"] == 1
+    # The matrix's own gates first, then flows/gates.toml's.
+    assert [g.name for g in records["kernels"].gates][-1] == "cells_failed"
     assert records["correctness"].status == "passed"
+    assert [g.name for g in records["correctness"].gates] == [
+        "worst_error_to_tolerance",
+        "edge_cases_failed",
+    ]
     accuracy = records["accuracy"]
     assert accuracy.metrics["rows"] == 1  # kvb_arc_easy acc, single-pass
     assert [g.name for g in accuracy.gates] == ["kvb_arc_easy acc (single-pass) |delta|"]
