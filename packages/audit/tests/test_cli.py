@@ -195,6 +195,28 @@ def test_an_unwritable_output_is_refused_before_any_output_is_written(
     )
     assert (code, stdout) == (2, "")
     assert stderr == (
-        f"forkaudit: error: --patch {missing}: the directory {missing.parent} does not exist\n"
+        f"forkaudit: error: --patch {missing}: the directory {missing.parent.resolve()} does not "
+        "exist\n"
+    )
+    assert report.read_text() == '{"kept": true}\n'
+
+
+def test_an_output_link_is_checked_where_it_points(
+    repos: Repos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "audit.json"
+    report.write_text('{"kept": true}\n')
+    dangling = tmp_path / "audit.patch"
+    dangling.symlink_to(tmp_path / "no-such-folder" / "audit.patch")
+    code, _, stderr = _run(
+        capsys,
+        *["diff", "--fork", str(repos.fork), "--upstream", f"git:{repos.upstream}@v0.1.1"],
+        *["--json", str(report), "--patch", str(dangling)],
+    )
+    assert code == 2
+    assert stderr == (
+        f"forkaudit: error: --patch {dangling}: the directory "
+        f"{(tmp_path / 'no-such-folder').resolve()} "
+        "does not exist\n"
     )
     assert report.read_text() == '{"kept": true}\n'

@@ -6,6 +6,7 @@ verdict finds a surprise patch; 2 for bad input, with a one-line error on stderr
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -104,12 +105,14 @@ def _check_outputs(**targets: str | None) -> None:
     for option, target in targets.items():
         if target is None or target == "-":
             continue
-        path = Path(target)
+        path = Path(target).resolve()  # a link is written through: check where it points
         if path.is_dir():
             raise AuditError(f"--{option} {target} is a directory; expected a file path")
         if not path.parent.is_dir():
             missing = "is not a directory" if path.parent.exists() else "does not exist"
             raise AuditError(f"--{option} {target}: the directory {path.parent} {missing}")
+        if not os.access(path if path.exists() else path.parent, os.W_OK):
+            raise AuditError(f"--{option} {target} is not writable")
 
 
 def _run_diff(args: _CliArgs) -> int:
