@@ -92,6 +92,21 @@ def test_a_history_url_that_cannot_be_opened_is_refused_before_the_output_folder
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kernel.toml"]
 
 
+def test_a_history_beside_the_output_folder_may_be_in_a_folder_the_run_makes(
+    tmp_path: Path,
+) -> None:
+    matrix = tmp_path / "kernel.toml"
+    matrix.write_text(KERNEL_MATRIX.replace('["decode", "cache_write"]', '"cache_write"'))
+    history = tmp_path / "nightly" / "history.sqlite3"
+    run_throughput(
+        matrix,
+        history_url=f"sqlite:///{history}",
+        out_dir=tmp_path / "nightly" / "run1",
+        progress=False,
+    )
+    assert history.is_file() and (tmp_path / "nightly" / "run1" / "throughput.json").is_file()
+
+
 VLLM_MATRIX = """
 name = "vllm-test"
 [engine]

@@ -7,7 +7,7 @@ Regression baselines are read per (hardware fingerprint, cell name, metric).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
@@ -59,11 +59,12 @@ def default_history_url(out_dir: Path) -> str:
     return f"sqlite:///{(out_dir.resolve().parent / 'kvbench-history.sqlite3').as_posix()}"
 
 
-def check_history_url(url: str, *, create: bool = True) -> URL:
+def check_history_url(url: str, *, create: bool = True, made_folders: Collection[Path] = ()) -> URL:
     """The parsed ``url``, checked without connecting or creating anything.
 
     Raises HistoryError when it is not a SQLAlchemy URL, or names a SQLite file whose folder does
-    not exist, or (``create`` False) a SQLite file that does not exist.
+    not exist and is not among ``made_folders`` (those the caller makes before opening it), or
+    (``create`` False) a SQLite file that does not exist.
     """
     try:
         parsed = make_url(url)
@@ -80,7 +81,7 @@ def check_history_url(url: str, *, create: bool = True) -> URL:
             f"no history at {database}: the file does not exist "
             "(`kvbench throughput` creates it on its first run)"
         )
-    if not database.parent.is_dir():
+    if not database.parent.is_dir() and database.parent.resolve() not in made_folders:
         label = parsed.render_as_string(hide_password=True)
         raise HistoryError(f"history database {label}: its folder does not exist")
     return parsed

@@ -55,7 +55,8 @@ def run_throughput(
     if problem is not None:
         raise OutputError(problem)
     if history_url is not None:
-        check_history_url(history_url)
+        out = out_dir.resolve()
+        check_history_url(history_url, made_folders={out, *out.parents})
     # Everything a run needs is checked before the output folder or the history is made, so a
     # refused run leaves no trace.
     model_path = _engine_model(spec)
