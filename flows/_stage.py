@@ -154,6 +154,23 @@ def _bare_record(ctx: RunContext, stage: str, started_at: str, status: str, reas
     )
 
 
+def accelerator() -> dict[str, Scalar]:
+    """The GPU this process sees, if any: its name and architecture (``gfx90a`` on ROCm, from
+    its gcnArchName; ``sm_90`` on CUDA), which make a record's hardware class."""
+    try:
+        import torch
+    except ImportError:
+        return {"accelerator": None, "accelerator_arch": None}
+    if not torch.cuda.is_available():
+        return {"accelerator": None, "accelerator_arch": None}
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if torch.version.hip:  # e.g. "gfx90a:sramecc+:xnack-": the target and its feature flags
+        arch = str(properties.gcnArchName).split(":")[0]
+    else:
+        arch = f"sm_{properties.major}{properties.minor}"
+    return {"accelerator": properties.name, "accelerator_arch": arch}
+
+
 def _provenance(
     ctx: RunContext, started_at: str, fork_commit: str | None = None, fork_tree: str | None = None
 ) -> Provenance:
@@ -169,7 +186,7 @@ def _provenance(
         fork_tree=fork_tree,
         flow_run_id=ctx.flow_run_id,
         packages=package_versions(PROVENANCE_PACKAGES),
-        hardware=hardware(),
+        hardware=hardware() | accelerator(),
     )
 
 

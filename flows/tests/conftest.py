@@ -71,8 +71,11 @@ def _free_port() -> int:
 
 
 @contextmanager
-def running_prefect_server(home: Path, database_url: str) -> Iterator[PrefectServer]:
-    """A real `prefect server` on 127.0.0.1; stopped with all its children, even on failure."""
+def running_prefect_server(
+    home: Path, database_url: str, *, ui: bool = False
+) -> Iterator[PrefectServer]:
+    """A real `prefect server` on 127.0.0.1, with its UI if ``ui``; stopped with all its
+    children, even on failure."""
     port = _free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     env = {
@@ -90,7 +93,10 @@ def running_prefect_server(home: Path, database_url: str) -> Iterator[PrefectSer
     }
     with (home / "server.log").open("w") as log:
         server = subprocess.Popen(
-            ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
+            [
+                *("prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)),
+                *(() if ui else ("--no-ui",)),
+            ],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

