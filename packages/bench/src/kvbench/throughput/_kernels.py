@@ -56,12 +56,52 @@ def copy_bandwidth_gbs(device: str, shape: KernelShape) -> float:
     return copy_bandwidth(mib * 2**20, device=device, cpu_runs=shape.cpu_runs)
 
 
+def _dtypes(cell: KernelCell) -> tuple[torch.dtype, torch.dtype]:
+    """The cell's cache dtype, and its activations': the model's for an INT8 cache; a 16-bit
+    cache holds the model's dtype, so its activations are the cache's dtype."""
+    import torch
+
+    if cell.cache_dtype not in _CACHE_DTYPES:
+        msg = f"`cache_dtype` is {cell.cache_dtype!r}; expected one of {_CACHE_DTYPES}"
+        raise ValueError(msg)
+    cache_dtype: torch.dtype = getattr(torch, cell.cache_dtype)
+    int8 = cache_dtype == torch.int8
+    return cache_dtype, getattr(torch, cell.shape.model_dtype) if int8 else cache_dtype
+
+
+def moved_bytes(cell: KernelCell) -> int:
+    """The bytes a cell's kernel must move at least, as kvquant's benchmarks count them.
+
+    decode: every K/V byte of every sequence's pages (scales included), read once; queries are
+    negligible. cache_write: the new K and V read, their pages written. prefill: the pages read
+    once, the new tokens' queries read and outputs written.
+    """
+    from kvquant.timing import paged_kv_bytes
+
+    s = cell.shape
+    cache_dtype, activation = _dtypes(cell)
+    pages = paged_kv_bytes(
+        cell.batch,
+        cell.context,
+        num_kv_heads=s.num_kv_heads,
+        head_size=s.head_size,
+        block_size=s.block_size,
+        cache_dtype=cache_dtype,
+    )
+    if cell.op == "cache_write":
+        new_kv = 2 * cell.batch * cell.context * s.num_kv_heads * s.head_size
+        return new_kv * activation.itemsize + pages
+    if cell.op == "prefill":
+        queries = cell.batch * (cell.context - cell.prefix) * s.num_q_heads * s.head_size
+        return pages + 2 * queries * activation.itemsize
+    return pages
+
+
 @dataclass(frozen=True)
 class _Call:
-    """One cell's kernel call, the bytes it must move, and whether a CUDA graph can hold it."""
+    """One cell's kernel call, and whether a CUDA graph can hold it."""
 
     fn: Callable[[], object]
-    moved: int
     graphable: bool
 
 
@@ -88,19 +128,10 @@ class _Setup:
     """A full paged cache of random data for ``batch`` sequences of ``context`` tokens."""
 
     def __init__(self, cell: KernelCell, device: str) -> None:
-        import torch
-
         from kvquant.timing import random_sequences
 
-        if cell.cache_dtype not in _CACHE_DTYPES:
-            msg = f"`cache_dtype` is {cell.cache_dtype!r}; expected one of {_CACHE_DTYPES}"
-            raise ValueError(msg)
         s = cell.shape
-        cache_dtype: torch.dtype = getattr(torch, cell.cache_dtype)
-        # A 16-bit cache holds the model's dtype; INT8 cells still take model-dtype activations.
-        self.activation = (
-            getattr(torch, s.model_dtype) if cache_dtype == torch.int8 else cache_dtype
-        )
+        cache_dtype, self.activation = _dtypes(cell)
         self.sequences = random_sequences(
             cell.batch,
             cell.context,
@@ -110,8 +141,6 @@ class _Setup:
             cache_dtype=cache_dtype,
             device=device,
         )
-        cache = self.sequences.cache
-        self.cache_bytes = cache.pages.numel() * cache.pages.element_size()
         self.device = device
 
 
@@ -127,11 +156,8 @@ def _cache_write(cell: KernelCell, setup: _Setup) -> _Call:
     value = torch.randn_like(key)
     # Slots in order, as a prefill fills fresh pages (benchmark_cache_write.py's "in order").
     slots = torch.arange(tokens, device=setup.device)
-    moved = 2 * key.numel() * key.element_size() + setup.cache_bytes
     cache = setup.sequences.cache
-    return _Call(
-        lambda: cache_write(cache, key, value, slots, validate=False), moved, graphable=False
-    )
+    return _Call(lambda: cache_write(cache, key, value, slots, validate=False), graphable=False)
 
 
 def _decode(cell: KernelCell, setup: _Setup) -> _Call:
@@ -145,7 +171,6 @@ def _decode(cell: KernelCell, setup: _Setup) -> _Call:
         cell.batch, s.num_q_heads, s.head_size, device=setup.device, dtype=setup.activation
     )
     out = torch.empty_like(query)
-    # A decode must read every K/V byte (scales included) once; queries are negligible.
     return _Call(
         lambda: decode_attention(
             query,
@@ -157,7 +182,6 @@ def _decode(cell: KernelCell, setup: _Setup) -> _Call:
             max_seq_len=cell.context,
             validate=False,
         ),
-        setup.cache_bytes,
         graphable=True,
     )
 
@@ -180,8 +204,6 @@ def _prefill(cell: KernelCell, setup: _Setup) -> _Call:
     out = torch.empty_like(query)
     cu_seqlens_q = torch.arange(cell.batch + 1, device=setup.device, dtype=torch.int32)
     cu_seqlens_q *= new_tokens
-    # The cache is read at least once, queries read, outputs written.
-    moved = setup.cache_bytes + 2 * query.numel() * query.element_size()
     # Its input check reads cu_seqlens_q on the host, so no CUDA graph can hold it.
     return _Call(
         lambda: prefill_attention(
@@ -193,7 +215,6 @@ def _prefill(cell: KernelCell, setup: _Setup) -> _Call:
             s.head_size**-0.5,
             out=out,
         ),
-        moved,
         graphable=False,
     )
 
@@ -203,17 +224,17 @@ _OPS = {"cache_write": _cache_write, "decode": _decode, "prefill": _prefill}
 
 def run_kernel_cell(cell: KernelCell, device: str, copy_gbs: float) -> dict[str, Any]:
     """Time one kernel cell; returns the cell's result fields (status "ok")."""
-    setup = _Setup(cell, device)
-    call = _OPS[cell.op](cell, setup)
+    call = _OPS[cell.op](cell, _Setup(cell, device))
     times, method = _times_ms(call, device, cell.shape)
     median = statistics.median(times)
-    gbs = call.moved / median / 1e6
+    moved = moved_bytes(cell)
+    gbs = moved / median / 1e6
     measurement = TIMED if device == "cuda" else INTERPRETER_CHECK
     return {
         "status": "ok",
         "value": median,
         "spread": _spread(times),
-        "bytes": call.moved,
+        "bytes": moved,
         "gbs": gbs,
         "copy_fraction": gbs / copy_gbs,
         "copy_gbs": copy_gbs,
