@@ -132,7 +132,7 @@ def throughput_record(
         summary=(
             f"matrix {result['matrix']} on {result['hardware']['key']}: {ok}/{len(cells)} cells "
             f"measured ({summary['cells_timed']} timed, {summary['cells_functional_check']} "
-            f"functional checks); {describe_history_check(regressions, check)}"
+            f"functional check(s)); {describe_history_check(regressions, check)}"
         ),
         metrics={
             "matrix": result["matrix"],

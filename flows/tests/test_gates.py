@@ -84,7 +84,7 @@ def test_the_shipped_gates_judge_a_real_kernel_only_throughput_record(tmp_path: 
     metrics = record.metrics
     assert (metrics["cells_timed"], metrics["cells_functional_check"]) == (0, 2)
     assert metrics["decode_speedup_vs_16bit_min"] is None
-    assert "(0 timed, 2 functional checks); no timed cell to judge" in record.summary
+    assert "(0 timed, 2 functional check(s)); no timed cell to judge" in record.summary
     # And ADR 0009's block says so, in the ADR's language.
     block = render_block("kvbench-kernel-throughput", {"throughput": record}, "zh")
     assert block.count("功能检查（Triton CPU 解释器），不代表速度") == 2

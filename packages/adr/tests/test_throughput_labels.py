@@ -18,12 +18,19 @@ _E2E = Table(
 )
 
 
+# Its capacity: each row names the dtype it stores; computed and engine rows agree.
+_CAPACITY = Table(
+    ["kv_cache_dtype", "cache_dtype", "max_tokens", "source_kind"],
+    [["auto", "float32", 23296, "computed"], ["auto", "float32", 23296, "engine"]],
+)
+
+
 def _record() -> Record:
     return Record(
         stage="throughput",
         status="passed",
         summary="matrix cpu-nightly",
-        tables={"e2e": _E2E},
+        tables={"e2e": _E2E, "capacity": _CAPACITY},
         provenance=Provenance(
             run_id="run-1",
             started_at="2026-12-01T16:00:00.000000Z",
@@ -69,3 +76,11 @@ def test_functional_checks_and_short_histories_are_labelled_in_the_adrs_language
         assert words in text
     for words in absent:
         assert words not in text
+
+
+def test_capacity_sources_are_in_the_adrs_language() -> None:
+    zh = render_block("kvbench-capacity", {"throughput": _record()}, "zh")
+    assert "| 计算值 |" in zh and "| 引擎报告 |" in zh and "| 缓存元素类型 |" in zh
+    assert "computed" not in zh and "engine" not in zh
+    en = render_block("kvbench-capacity", {"throughput": _record()}, "en")
+    assert "| computed |" in en and "| engine's own |" in en

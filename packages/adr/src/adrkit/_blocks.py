@@ -113,6 +113,8 @@ _LABELS: dict[str, dict[str, str]] = {
         "judgement": "Against history",
         "history_runs": "Earlier runs / needed",
         "bytes_per_token": "Bytes per token",
+        "computed": "computed",
+        "engine": "engine's own",
         "timed": "timed",
         "functional-check-interpreter": "functional check (Triton's CPU interpreter), not a speed",
         "functional-check-reference": (
@@ -232,6 +234,8 @@ _LABELS: dict[str, dict[str, str]] = {
         "judgement": "与历史比较",
         "history_runs": "已有 / 所需历史运行数",
         "bytes_per_token": "每 token 字节数",
+        "computed": "计算值",
+        "engine": "引擎报告",
         "timed": "计时",
         "functional-check-interpreter": "功能检查（Triton CPU 解释器），不代表速度",
         "functional-check-reference": "功能检查（kvquant 的 fp32 torch 参考实现），不代表速度",
@@ -266,12 +270,14 @@ def label(lang: str, key: str, **fields: str) -> str:
 
 
 # Cell values that are words of the record schema, shown in the ADR's language: statuses, and
-# the throughput stage's measurement kinds and history judgements.
+# the throughput stage's capacity sources, measurement kinds and history judgements.
 _TRANSLATED_CELLS = frozenset(
     {
         "passed",
         "failed",
         "skipped",
+        "computed",
+        "engine",
         "timed",
         "functional-check-interpreter",
         "functional-check-reference",

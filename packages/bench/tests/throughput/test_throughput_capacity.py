@@ -31,7 +31,7 @@ def test_computed_rows_count_whole_pages_and_name_their_dtype() -> None:
     # 2**30 // (30 * 24576) = 1456 pages. INT8 stores 64 codes and one fp32 scale per vector:
     # 32 * 3 * (64 + 4) * 2 = 13056 bytes; 2**30 // (30 * 13056) = 2741 pages.
     assert by_dtype["bfloat16"]["max_tokens"] == 1456 * 32
-    assert by_dtype["bfloat16"]["bytes_per_token"] == 30 * 24576 / 32
+    assert by_dtype["bfloat16"]["bytes_per_token"] == 30 * 24576 // 32
     assert by_dtype[INT8_KV_CACHE_DTYPE]["max_tokens"] == 2741 * 32
     assert by_dtype[INT8_KV_CACHE_DTYPE]["max_seqs"] == 2741 // 8
 

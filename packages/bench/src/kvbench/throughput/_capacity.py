@@ -92,7 +92,8 @@ def computed_capacity(
                 "block_size": settings.block_size,
                 "budget_bytes": budget,
                 "seq_len": settings.seq_len,
-                "bytes_per_token": block_bytes / settings.block_size,
+                # Exact: a page holds block_size tokens of every layer's kv heads.
+                "bytes_per_token": block_bytes // settings.block_size,
                 "max_tokens": blocks * settings.block_size,
                 "max_seqs": blocks // blocks_per_seq,
                 "source": "computed",
