@@ -24,6 +24,8 @@ _MAD_TO_SIGMA = 1.4826
 REGRESSION = "regression"
 WITHIN_NOISE = "within-noise"
 HISTORY_TOO_SHORT = "history-too-short"
+# A functional check's: it is never compared with its history.
+NOT_JUDGED = "not-judged"
 
 
 @dataclass(frozen=True)

@@ -23,13 +23,11 @@ from ._kernels import add_int8_ratios, copy_bandwidth_gbs, run_kernel_cell, sele
 from ._matrix import Cell, E2ECell, KernelCell, Matrix, load_matrix
 from ._model import ModelShape, model_shape, resolve_model
 from ._plots import scaling_plots, trend_plot
-from ._regression import HISTORY_TOO_SHORT, judge
+from ._regression import HISTORY_TOO_SHORT, NOT_JUDGED, judge
 
 # Whether a larger value of a metric is an improvement.
 HIGHER_IS_BETTER = {"tokens_per_s": True, "time_ms": False, "latency_s": False}
 RESULTS_FILE = "throughput.json"
-# A functional check's judgement: it is never compared with its history.
-NOT_JUDGED = "not-judged"
 
 
 def run_throughput(
@@ -124,8 +122,9 @@ def _run_cells(
 
     A cell that raises is recorded as failed with the error's first line; the rest still run.
     """
-    config_dtype = shape.config_dtype if shape is not None else None
     from tqdm import tqdm  # type: ignore[import-untyped]
+
+    config_dtype = shape.config_dtype if shape is not None else None
 
     kernel_cells = [c for c in spec.cells if isinstance(c, KernelCell)]
     device, copy_gbs = "", 0.0
