@@ -5,7 +5,10 @@ SmolLM2): kvquant's kernels INT8 against 16-bit, `vllm bench` cells over KV dtyp
 compilation and graphs, and the KV capacity for a fixed budget. The history database lives under
 the results root, so every night is compared with the nights before it on the same hardware.
 Fills ADR 0009's throughput and capacity blocks (stream B) and ADR 0010's end-to-end block
-(streams A and C). A machine without vLLM skips the stage, saying how to install it.
+(streams A and C). A matrix with end-to-end cells on a machine without vLLM skips the stage, saying
+how to install it; a kernel-only matrix (`kvbench`'s configs/throughput-gpu-kernels.toml) needs no
+vLLM. Rows that ran a reference path are marked as functional checks, and only timed rows are
+compared for speed or with the history.
 """
 
 from __future__ import annotations
@@ -28,38 +31,57 @@ from flows._stage import (
 STAGE = "throughput"
 HISTORY_NAME = "kvbench-history.sqlite3"
 
+# Each row says what its figure is ("measurement": timed, or a functional check that is never a
+# speed) and what the history said of it ("judgement", with "history_runs": earlier runs / needed).
 _KERNEL_COLUMNS = [
     "op",
     "cache_dtype",
     "batch",
     "context",
+    "prefix",
+    "measurement",
     "median_ms",
     "spread",
     "gbs",
     "copy_fraction",
+    "bytes_vs_16bit",
     "speedup_vs_16bit",
-    "regression",
+    "judgement",
+    "history_runs",
     "verdict",
 ]
 _E2E_COLUMNS = [
     "bench",
     "kv_cache_dtype",
+    "cache_dtype",
     "block_size",
     "compilation",
     "graphs",
     "input_len",
     "output_len",
     "batch",
+    "measurement",
     "metric",
     "value",
     "unit",
     "spread",
     "engine_start_s",
-    "regression",
+    "judgement",
+    "history_runs",
     "verdict",
 ]
-# Capacity rows say where they come from in "source": "computed" or "engine".
-_CAPACITY_FIELDS = ["kv_cache_dtype", "block_size", "seq_len", "max_tokens", "max_seqs", "source"]
+# Capacity rows name the cache they assume ("kv_cache_dtype" as the engine is given it, stored
+# as "cache_dtype") and where they come from in "source": "computed" or "engine".
+_CAPACITY_FIELDS = [
+    "kv_cache_dtype",
+    "cache_dtype",
+    "block_size",
+    "seq_len",
+    "bytes_per_token",
+    "max_tokens",
+    "max_seqs",
+    "source",
+]
 _CAPACITY_COLUMNS = [*_CAPACITY_FIELDS[:-1], "source_kind"]
 
 
@@ -76,40 +98,41 @@ def _verdict(cell: dict[str, Any]) -> str:
     return "passed" if cell["status"] == "ok" else cell["error"] or "failed"
 
 
-def _kernel_row(cell: dict[str, Any]) -> list[Scalar]:
-    return [
-        cell["op"],
-        cell["cache_dtype"],
-        cell["batch"],
-        cell["context"],
-        cell["value"],
-        cell["spread"],
-        cell.get("gbs"),
-        cell.get("copy_fraction"),
-        cell.get("speedup_vs_16bit"),
-        cell["regression"],
-        _verdict(cell),
-    ]
+def _history_runs(cell: dict[str, Any], min_history: int) -> str | None:
+    """Earlier runs compared with / the runs a judgement needs; None where none was read."""
+    runs = cell.get("history_runs")
+    return None if runs is None else f"{runs}/{min_history}"
 
 
-def _e2e_row(cell: dict[str, Any]) -> list[Scalar]:
-    # Every column but the verdict is a field of the cell under the same name.
-    return [*(cell[column] for column in _E2E_COLUMNS[:-1]), _verdict(cell)]
+def _row(cell: dict[str, Any], columns: list[str], min_history: int) -> list[Scalar]:
+    # Every column but these is a field of the cell under the same name.
+    computed = {
+        "median_ms": cell["value"],
+        "history_runs": _history_runs(cell, min_history),
+        "verdict": _verdict(cell),
+    }
+    return [computed[column] if column in computed else cell.get(column) for column in columns]
 
 
 def throughput_record(
     ctx: RunContext, started_at: str, result: dict[str, Any], artifacts: dict[str, str]
 ) -> Record:
+    from kvbench.throughput import describe_history_check
+
     cells = result["cells"]
     ok = sum(cell["status"] == "ok" for cell in cells)
     regressions = len(result["regressions"])
+    check = result["history_check"]
+    summary = result["summary"]
+    min_history = check["min_history"]
     return build_record(
         ctx,
         STAGE,
         started_at,
         summary=(
-            f"matrix {result['matrix']}: {ok}/{len(cells)} cells measured, {regressions} "
-            f"regression(s) against the history on {result['hardware']['key']}"
+            f"matrix {result['matrix']} on {result['hardware']['key']}: {ok}/{len(cells)} cells "
+            f"measured ({summary['cells_timed']} timed, {summary['cells_functional_check']} "
+            f"functional check(s)); {describe_history_check(regressions, check)}"
         ),
         metrics={
             "matrix": result["matrix"],
@@ -117,13 +140,21 @@ def throughput_record(
             "cells": len(cells),
             "cells_measured": ok,
             "regressions": regressions,
+            "cells_judged": check["cells_judged"],
+            "cells_history_too_short": check["cells_history_too_short"],
+            "min_history": min_history,
+            **summary,
             "elapsed_s": round(result["elapsed_s"], 1),
         },
         tables={
             "kernels": Table(
-                _KERNEL_COLUMNS, [_kernel_row(c) for c in cells if c["kind"] == "kernel"]
+                _KERNEL_COLUMNS,
+                [_row(c, _KERNEL_COLUMNS, min_history) for c in cells if c["kind"] == "kernel"],
             ),
-            "e2e": Table(_E2E_COLUMNS, [_e2e_row(c) for c in cells if c["kind"] != "kernel"]),
+            "e2e": Table(
+                _E2E_COLUMNS,
+                [_row(c, _E2E_COLUMNS, min_history) for c in cells if c["kind"] != "kernel"],
+            ),
             "capacity": Table(
                 _CAPACITY_COLUMNS,
                 [[row.get(field) for field in _CAPACITY_FIELDS] for row in result["capacity"]],

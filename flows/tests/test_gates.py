@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from adrkit import utc_now
+from adrkit._blocks import render_block
 from flows._stage import GatesFileError, RunContext, load_gates, stage_gates
 from flows.pipeline import STAGES
 from flows.throughput import throughput_record
@@ -31,7 +32,23 @@ context = 32
 """
 
 
-def test_the_shipped_gates_judge_a_real_throughput_record(tmp_path: Path) -> None:
+# Runs `kvbench` with modules hidden from the import system, as on a machine that never installed
+# them: the H200 has no vLLM and none of lm-eval's stack, and SQLAlchemy without greenlet.
+_KVBENCH_WITHOUT = """
+import sys
+
+class Uninstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {hidden!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+
+sys.meta_path.insert(0, Uninstalled())
+from kvbench.__main__ import main
+sys.exit(main({argv!r}))
+"""
+
+
+def test_the_shipped_gates_judge_a_real_kernel_only_throughput_record(tmp_path: Path) -> None:
     # The server tests judge audit, kernels and correctness through the pipeline; throughput has
     # no vLLM there, so its gates are checked on a kernel-only run here. In a process of its own:
     # on a CPU it switches Triton to the interpreter, which the kernel build tests must not get.
@@ -41,12 +58,11 @@ def test_the_shipped_gates_judge_a_real_throughput_record(tmp_path: Path) -> Non
     result_file = tmp_path / "throughput.json"
     argv = ["throughput", "--matrix", str(matrix), "--out", str(tmp_path / "out")]
     argv += ["--history", f"sqlite:///{tmp_path / 'h.sqlite3'}", "--json", str(result_file)]
+    code = _KVBENCH_WITHOUT.format(
+        hidden={"vllm", "lm_eval", "datasets", "greenlet"}, argv=[*argv, "--no-progress"]
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "kvbench", *argv, "--no-progress"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
     )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(result_file.read_text())
@@ -56,6 +72,22 @@ def test_the_shipped_gates_judge_a_real_throughput_record(tmp_path: Path) -> Non
         ("regressions", 0.0, "<=", 0.0),
     ]
     assert record.status == "passed"
+    # Interpreted kernels: functional checks, in the table and the figures a decision reads.
+    kernels = record.tables["kernels"]
+    rows = [dict(zip(kernels.columns, row, strict=True)) for row in kernels.rows]
+    assert [row["measurement"] for row in rows] == ["functional-check-interpreter"] * 2
+    assert [row["judgement"] for row in rows] == ["not-judged"] * 2
+    assert rows[0]["cache_dtype"] == "int8" and rows[0]["speedup_vs_16bit"] is None
+    # A write reads 32 bf16 tokens of K and V (16 KiB) and stores two pages: 8.5 KiB in INT8,
+    # 16 KiB in bf16.
+    assert rows[0]["bytes_vs_16bit"] == (16384 + 8704) / (16384 + 16384)
+    metrics = record.metrics
+    assert (metrics["cells_timed"], metrics["cells_functional_check"]) == (0, 2)
+    assert metrics["decode_speedup_vs_16bit_min"] is None
+    assert "(0 timed, 2 functional check(s)); no timed cell to judge" in record.summary
+    # And ADR 0009's block says so, in the ADR's language.
+    block = render_block("kvbench-kernel-throughput", {"throughput": record}, "zh")
+    assert block.count("功能检查（Triton CPU 解释器），不代表速度") == 2
 
 
 def _gates_file(tmp_path: Path, text: str) -> Path:

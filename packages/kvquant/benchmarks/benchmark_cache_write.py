@@ -4,19 +4,21 @@ Run on a CUDA device:  python benchmarks/benchmark_cache_write.py
 
 32k new tokens (8 kv heads, head size 128, bf16) written to consecutive slots (prefill) and to
 shuffled slots. Bytes = K/V read + cache bytes written (codes and scales). Medians of CUDA-event
-timings, the L2 cleared before each call (timing.py).
+timings, the L2 cleared before each call (`kvquant.timing`, as kvbench's cache_write cells, which
+write their slots in order).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
 import triton
-from timing import copy_bandwidth, median_ms
 
 from kvquant import allocate_cache, cache_write
 from kvquant.ops import cache_write as cache_write_module
+from kvquant.timing import copy_bandwidth, median_ms, paged_kv_bytes
 
 NUM_TOKENS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 32768, 8, 128, 16
 
@@ -32,13 +34,20 @@ def main() -> None:
     num_blocks = NUM_TOKENS // BLOCK_SIZE
     for cache_dtype in (torch.int8, torch.bfloat16):
         cache = allocate_cache(num_blocks, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, cache_dtype, "cuda")
-        written = cache.pages.numel() * cache.pages.element_size()
+        written = paged_kv_bytes(
+            1,
+            NUM_TOKENS,
+            num_kv_heads=NUM_KV_HEADS,
+            head_size=HEAD_SIZE,
+            block_size=BLOCK_SIZE,
+            cache_dtype=cache_dtype,
+        )
         moved = 2 * key.numel() * key.element_size() + written
         for name, slots in (
             ("in order", torch.arange(NUM_TOKENS, device="cuda")),
             ("shuffled", torch.randperm(NUM_TOKENS, device="cuda")),
         ):
-            ms = median_ms(lambda s=slots, c=cache: cache_write(c, key, value, s, validate=False))
+            ms = median_ms(functools.partial(cache_write, cache, key, value, slots, validate=False))
             gbs = moved / ms / 1e6
             print(
                 f"{str(cache_dtype).removeprefix('torch.'):>8} {name:>10} {ms:>7.3f} "

@@ -6,16 +6,24 @@ Run on a CUDA device:
 
 Shapes are the issue's: bf16 model, 32 query heads, 8 kv heads, head size 128, block size 16,
 batch 1/16/64 x context 1k/8k/32k. Every sequence has the full context. Times are medians of
-CUDA-event timings (timing.py), each call after a 256 MB read that clears the L2, so no call finds
-the previous call's bytes there. Inputs are random and non-zero; validation (one host sync) is off
-in the timed calls. GB/s counts the KV bytes a decode must read, scales included.
+CUDA-event timings (`kvquant.timing`, which kvbench's kernel cells use too), each call after a
+256 MB read that clears the L2, so no call finds the previous call's bytes there. Inputs are random
+and non-zero (`kvquant.timing.random_sequences`); validation (one host sync) is off in the timed
+calls. GB/s counts the KV bytes a decode must read, scales included.
 
 Each call is timed as a replayed CUDA graph (kernel time, as vLLM runs decode), and the INT8 call
 also eagerly ("eager ms": the Python launch path included, which bounds the small shapes). A graph
 of one call still pays a graph launch and an event pair (~4 us on the H200, NOTES.md), which a
 decode inside a model's graph does not: "in graph" is the time per call of a graph of
 GRAPH_CALLS decodes, each over its own cache, so each still reads its bytes from DRAM.
+
+After the decode table, the chunked prefill (PREFILL_BATCH sequences of PREFILL_PREFIX cached and
+PREFILL_CHUNK new tokens) of each cache, eagerly timed: its input check reads cu_seqlens_q on the
+host, so it cannot be captured in a graph.
 """
+
+# mypy: disable-error-code="no-untyped-def, untyped-decorator"
+# (the @triton.jit gather kernel takes Triton tensors, which have no Python types)
 
 from __future__ import annotations
 
@@ -28,11 +36,20 @@ from collections.abc import Iterator
 import torch
 import triton
 import triton.language as tl
-from timing import copy_bandwidth, graph_ms, median_ms, plain_read_ms, read_clear, zero_clear
 
-from kvquant import allocate_cache, decode_attention, prefill_attention
+from kvquant import decode_attention, prefill_attention
 from kvquant.ops import paged_attention
 from kvquant.ops._common import launch
+from kvquant.timing import (
+    copy_bandwidth,
+    graph_ms,
+    median_ms,
+    paged_kv_bytes,
+    plain_read_ms,
+    random_sequences,
+    read_clear,
+    zero_clear,
+)
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 32, 8, 128, 16
 SOFTMAX_SCALE = HEAD_SIZE**-0.5
@@ -46,8 +63,14 @@ GRAPH_CALLS = 4
 
 
 def kv_bytes(batch: int, context: int, cache_dtype: torch.dtype) -> int:
-    per_token_head = 2 * HEAD_SIZE + 8 if cache_dtype == torch.int8 else 4 * HEAD_SIZE
-    return batch * context * NUM_KV_HEADS * per_token_head
+    return paged_kv_bytes(
+        batch,
+        context,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=HEAD_SIZE,
+        block_size=BLOCK_SIZE,
+        cache_dtype=cache_dtype,
+    )
 
 
 class DecodeSetup:
@@ -61,21 +84,18 @@ class DecodeSetup:
         device: str = "cuda",
         model_dtype: torch.dtype = MODEL_DTYPE,
     ) -> None:
-        pages_per_seq = triton.cdiv(context, BLOCK_SIZE)
-        num_blocks = batch * pages_per_seq
-        self.cache = allocate_cache(
-            num_blocks, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, cache_dtype, device
+        sequences = random_sequences(
+            batch,
+            context,
+            num_kv_heads=NUM_KV_HEADS,
+            head_size=HEAD_SIZE,
+            block_size=BLOCK_SIZE,
+            cache_dtype=cache_dtype,
+            device=device,
         )
-        if cache_dtype == torch.int8:
-            self.cache.pages.random_(-128, 128)
-            assert self.cache.k_scale is not None and self.cache.v_scale is not None
-            self.cache.k_scale.uniform_(0.005, 0.02)
-            self.cache.v_scale.uniform_(0.005, 0.02)
-        else:
-            self.cache.pages.normal_()
-        order = torch.randperm(num_blocks, device=device, dtype=torch.int64)
-        self.block_table = order.view(batch, pages_per_seq).to(torch.int32)
-        self.seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+        self.cache = sequences.cache
+        self.block_table = sequences.block_table
+        self.seq_lens = sequences.seq_lens
         self.query = torch.randn(batch, NUM_Q_HEADS, HEAD_SIZE, device=device, dtype=model_dtype)
         self.out = torch.empty_like(self.query)
         self.context = context
@@ -200,7 +220,7 @@ def recorded_split_counts() -> Iterator[list[int]]:
         chosen.append(choose(*args))
         return chosen[-1]
 
-    paged_attention.choose_num_splits = recording_choice
+    paged_attention.choose_num_splits = recording_choice  # type: ignore[assignment]
     try:
         yield chosen
     finally:
@@ -334,9 +354,9 @@ def budget() -> None:
     of GRAPH_CALLS, in us.
 
     "full": the decode as the table times it. "plain read": a kernel that only reads as many
-    bytes (timing.plain_read_ms), the reference for any decode of the shape, and "over read" the
-    decode's time beyond it. "paged gather": the decode's own reads (the same pages through the
-    block table, on the same grid and split count) with no attention work
+    bytes (`kvquant.timing.plain_read_ms`), the reference for any decode of the shape, and "over
+    read" the decode's time beyond it. "paged gather": the decode's own reads (the same pages
+    through the block table, on the same grid and split count) with no attention work
     (`_paged_gather_kernel`): what its access pattern allows. "1 key": every
     sequence cut to one key, with the same grid and split count (max_seq_len unchanged), so every
     program still runs its prologue and epilogue and the reducer still runs: the fixed part.
@@ -370,7 +390,7 @@ def budget() -> None:
         partial_max = torch.randn(batch, NUM_Q_HEADS, splits, device="cuda")
         partial_sum = torch.rand(batch, NUM_Q_HEADS, splits, device="cuda") + 1
         reduce_args = (out, partial_acc, partial_max, partial_sum, splits, HEAD_SIZE)
-        reduce_args += (out.stride(0), out.stride(1))
+        reduce_args += (out.stride(0), out.stride(1))  # type: ignore[assignment]
         reducer = graph_ms(functools.partial(launch, reduce, (batch, NUM_Q_HEADS), *reduce_args))
         streaming = [f - k for f, k in zip(full, one_key, strict=True)]
         tbs = [num_bytes / ms / 1e9 for ms in streaming]
@@ -412,6 +432,9 @@ def _us(times_ms: list[float]) -> str:
 
 # Chunked prefill: each sequence has PREFIX cached tokens and CHUNK new ones (in the cache too).
 PREFILL_BATCH, PREFILL_PREFIX, PREFILL_CHUNK = 4, 2048, 2048
+# Causal FLOPs: QK and PV over the prefix plus the causal half of the chunk.
+PREFILL_KEYS_PER_QUERY = PREFILL_PREFIX + (PREFILL_CHUNK + 1) / 2
+PREFILL_FLOPS = 4 * PREFILL_BATCH * PREFILL_CHUNK * NUM_Q_HEADS * HEAD_SIZE * PREFILL_KEYS_PER_QUERY
 
 
 def prefill_ms(cache_dtype: torch.dtype) -> float:
@@ -440,11 +463,20 @@ def prefill_ms(cache_dtype: torch.dtype) -> float:
     return median_ms(run)
 
 
+def prefill_table() -> None:
+    """The chunked prefill of each cache at the launch settings it ships with."""
+    int8_ms, bf16_ms = (prefill_ms(dtype) for dtype in (torch.int8, MODEL_DTYPE))
+    print(f"prefill: batch {PREFILL_BATCH}, {PREFILL_PREFIX} cached + {PREFILL_CHUNK} new tokens")
+    print(f"{'int8 ms':>8} {'TFLOP/s':>7} {'bf16 ms':>8} {'TFLOP/s':>7} {'vs bf16':>7}")
+    print(
+        f"{int8_ms:>8.3f} {PREFILL_FLOPS / int8_ms / 1e9:>7.0f} {bf16_ms:>8.3f} "
+        f"{PREFILL_FLOPS / bf16_ms / 1e9:>7.0f} {bf16_ms / int8_ms:>6.2f}x",
+        flush=True,
+    )
+
+
 def prefill_sweep() -> None:
     """INT8 and bf16 chunked prefill for launch settings around the chosen one."""
-    # Causal FLOPs: QK and PV over the prefix plus the causal half of the chunk.
-    keys_per_query = PREFILL_PREFIX + (PREFILL_CHUNK + 1) / 2
-    flops = 4 * PREFILL_BATCH * PREFILL_CHUNK * NUM_Q_HEADS * HEAD_SIZE * keys_per_query
     print(f"prefill: batch {PREFILL_BATCH}, {PREFILL_PREFIX} cached + {PREFILL_CHUNK} new tokens")
     print(f"{'tile':>4} {'rows':>4} {'warps':>5} {'stages':>6} {'int8 ms':>8} {'TFLOP/s':>7} "
           f"{'bf16 ms':>8} {'TFLOP/s':>7}")  # fmt: skip
@@ -465,7 +497,7 @@ def prefill_sweep() -> None:
         times = [prefill_ms(dtype) for dtype in (torch.int8, MODEL_DTYPE)]
         print(
             f"{tile:>4} {rows:>4} {warps:>5} {stages:>6} "
-            + " ".join(f"{t:>8.3f} {flops / t / 1e9:>7.0f}" for t in times),
+            + " ".join(f"{t:>8.3f} {PREFILL_FLOPS / t / 1e9:>7.0f}" for t in times),
             flush=True,
         )
 
@@ -518,6 +550,7 @@ def main() -> None:
         prefill_sweep()
     else:
         table(copy_bandwidth())
+        prefill_table()
 
 
 if __name__ == "__main__":

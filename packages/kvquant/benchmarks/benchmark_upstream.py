@@ -42,9 +42,9 @@ from benchmark_paged_attention import (
     DecodeSetup,
     kv_bytes,
 )
-from timing import graph_ms
 
 from kvquant import to_upstream_layout
+from kvquant.timing import graph_ms
 
 # The backend's constants (vllm/v1/attention/backends/triton_attn.py): the split-KV path serves
 # up to MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads sequences, with this many segments.
@@ -78,13 +78,13 @@ class SideBySide(DecodeSetup):
         # V scale per record, viewed as the backend views it.
         self.records = to_upstream_layout(self.cache)
         half = self.records.shape[-1] // 2
-        self.upstream_k, self.upstream_v = self.records.split(half, dim=-1)
+        self.upstream_k, self.upstream_v = self.records[..., :half], self.records[..., half:]
         floats = self.records.view(torch.float32)  # a record is 4-byte aligned: 2 * half
         self.upstream_k_scale = floats[..., HEAD_SIZE // 4]
         self.upstream_v_scale = floats[..., (half + HEAD_SIZE) // 4]
         # Upstream's 16-bit cache, for its bf16 decode (timed only; random data).
         kv16 = torch.randn(*self.records.shape[:3], 2 * HEAD_SIZE, dtype=model_dtype, device=device)
-        self.upstream_k16, self.upstream_v16 = kv16.split(HEAD_SIZE, dim=-1)
+        self.upstream_k16, self.upstream_v16 = kv16[..., :HEAD_SIZE], kv16[..., HEAD_SIZE:]
         self.upstream_out = torch.empty_like(self.query)
         self.cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=device)
         self.ones = torch.ones(1, dtype=torch.float32, device=device).expand(batch, NUM_KV_HEADS)

@@ -104,9 +104,25 @@ _LABELS: dict[str, dict[str, str]] = {
         "flips": "Items flipped (+ / -)",
         "mcnemar_p": "McNemar p",
         "op": "Kernel",
-        "cache_dtype": "Cache dtype",
+        "cache_dtype": "Cache element dtype",
         "batch": "Batch",
         "context": "Context",
+        "prefix": "Cached prefix",
+        "measurement": "Measurement",
+        "bytes_vs_16bit": "Bytes vs 16-bit",
+        "judgement": "Against history",
+        "history_runs": "Earlier runs / needed",
+        "bytes_per_token": "Bytes per token",
+        "computed": "computed",
+        "engine": "engine's own",
+        "timed": "timed",
+        "functional-check-interpreter": "functional check (Triton's CPU interpreter), not a speed",
+        "functional-check-reference": (
+            "functional check (kvquant's fp32 torch reference), not a speed"
+        ),
+        "within-noise": "within noise",
+        "history-too-short": "history too short to judge",
+        "not-judged": "not judged (functional check)",
         "median_ms": "Median ms",
         "spread": "Spread",
         "gbs": "GB/s",
@@ -209,9 +225,23 @@ _LABELS: dict[str, dict[str, str]] = {
         "flips": "翻转题数（+ / -）",
         "mcnemar_p": "McNemar p 值",
         "op": "内核",
-        "cache_dtype": "缓存数据类型",
+        "cache_dtype": "缓存元素类型",
         "batch": "批大小",
         "context": "上下文长度",
+        "prefix": "已缓存前缀",
+        "measurement": "测量方式",
+        "bytes_vs_16bit": "相对 16 位的字节比",
+        "judgement": "与历史比较",
+        "history_runs": "已有 / 所需历史运行数",
+        "bytes_per_token": "每 token 字节数",
+        "computed": "计算值",
+        "engine": "引擎报告",
+        "timed": "计时",
+        "functional-check-interpreter": "功能检查（Triton CPU 解释器），不代表速度",
+        "functional-check-reference": "功能检查（kvquant 的 fp32 torch 参考实现），不代表速度",
+        "within-noise": "在噪声范围内",
+        "history-too-short": "历史过短，无法判断",
+        "not-judged": "不判断（功能检查）",
         "median_ms": "中位数 ms",
         "spread": "离散度",
         "gbs": "GB/s",
@@ -239,8 +269,24 @@ def label(lang: str, key: str, **fields: str) -> str:
     return text.format(**fields) if fields else text
 
 
-# Cell values that are words of the record schema, shown in the ADR's language.
-_TRANSLATED_CELLS = frozenset({"passed", "failed", "skipped"})
+# Cell values that are words of the record schema, shown in the ADR's language: statuses, and
+# the throughput stage's capacity sources, measurement kinds and history judgements.
+_TRANSLATED_CELLS = frozenset(
+    {
+        "passed",
+        "failed",
+        "skipped",
+        "computed",
+        "engine",
+        "timed",
+        "functional-check-interpreter",
+        "functional-check-reference",
+        "regression",
+        "within-noise",
+        "history-too-short",
+        "not-judged",
+    }
+)
 
 
 def _cell(lang: str, value: Scalar) -> str:

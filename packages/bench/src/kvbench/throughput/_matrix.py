@@ -61,7 +61,8 @@ class EngineSettings:
 
 @dataclass(frozen=True)
 class KernelShape:
-    """The attention geometry and timing of the kernel cells (defaults: the H200 study's)."""
+    """The attention geometry and timing of the kernel cells (defaults: the H200 study's, which
+    are ``packages/kvquant/benchmarks/benchmark_paged_attention.py``'s)."""
 
     num_q_heads: int = 32
     num_kv_heads: int = 8
@@ -70,7 +71,7 @@ class KernelShape:
     model_dtype: str = "bfloat16"
     # The copy ceiling's buffer; large enough that no cache level holds it on the H200.
     copy_buffer_mib: int = 2048
-    # Milliseconds of timed calls per cell on a GPU (triton.testing.do_bench's `rep`).
+    # Milliseconds of timed calls per cell on a GPU (kvquant.timing's `repeat_ms`).
     rep_ms: int = 200
     # Timed calls per cell on the CPU, where the kernels run in Triton's interpreter.
     cpu_runs: int = 3
@@ -87,12 +88,17 @@ class CapacitySettings:
 
 @dataclass(frozen=True)
 class KernelCell:
-    """One kvquant kernel at one shape and cache dtype."""
+    """One kvquant kernel at one shape and cache dtype.
+
+    ``context`` is every sequence's length in tokens. ``prefix`` (prefill only) is how many of
+    them were cached before: a chunked prefill of ``context - prefix`` new tokens per sequence.
+    """
 
     op: str
     cache_dtype: str
     batch: int
     context: int
+    prefix: int
     shape: KernelShape
 
     kind = "kernel"
@@ -102,8 +108,10 @@ class KernelCell:
     @property
     def name(self) -> str:
         s = self.shape
+        # The prefix only when there is one: names are history keys, and older runs have none.
+        prefix = f" prefix={self.prefix}" if self.prefix else ""
         return (
-            f"{self.op} {self.cache_dtype} batch={self.batch} context={self.context} "
+            f"{self.op} {self.cache_dtype} batch={self.batch} context={self.context}{prefix} "
             f"heads={s.num_q_heads}/{s.num_kv_heads}x{s.head_size} block={s.block_size}"
         )
 
@@ -113,6 +121,7 @@ class KernelCell:
             "cache_dtype": self.cache_dtype,
             "batch": self.batch,
             "context": self.context,
+            "prefix": self.prefix,
         }
 
 
@@ -194,6 +203,7 @@ _KERNEL_KEYS: dict[str, tuple[type, object]] = {
     "cache_dtype": (str, None),
     "batch": (int, None),
     "context": (int, None),
+    "prefix": (int, 0),
 }
 _E2E_KEYS: dict[str, tuple[type, object]] = {
     "bench": (str, None),
@@ -212,7 +222,7 @@ _E2E_BENCHES = ("throughput", "latency")
 _TOP_KEYS = {"name", "gates", "engine", "kernel_shape", "capacity", "kernel", "e2e"}
 # Every other number is a count, a size or a duration and must be > 0: vLLM's -O0 is a
 # compilation level, and zero noise or change gates are strict but meaningful.
-_MAY_BE_ZERO = {"compilation", "noise_sigmas", "min_change"}
+_MAY_BE_ZERO = {"compilation", "noise_sigmas", "min_change", "prefix"}
 
 
 class _Reader:
@@ -313,6 +323,18 @@ def parse_matrix(text: str, source: str) -> Matrix:
             if combo["op"] not in _KERNEL_OPS:
                 raise reader.fail(
                     f"kernel[{index}].op", f"is {combo['op']!r}; expected one of {_KERNEL_OPS}"
+                )
+            if combo["prefix"] and combo["op"] != "prefill":
+                raise reader.fail(
+                    f"kernel[{index}].prefix",
+                    f"is {combo['prefix']}; expected 0 for op {combo['op']!r} (only a prefill "
+                    "has cached tokens before its new ones)",
+                )
+            if combo["prefix"] >= combo["context"]:
+                raise reader.fail(
+                    f"kernel[{index}].prefix",
+                    f"is {combo['prefix']}; expected less than `context` ({combo['context']}), "
+                    "so that the prefill has new tokens",
                 )
             cells.append(KernelCell(shape=shape, **combo))
     for index, table in enumerate(_tables(reader, data, "e2e")):

@@ -53,11 +53,13 @@ def resolve_model(model: str) -> str:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What one token costs in KV cache: its layers, kv heads and head size."""
+    """What one token costs in KV cache: its layers, kv heads and head size; and the dtype the
+    model's config declares (what vLLM's ``--dtype auto`` runs), None when it declares none."""
 
     num_layers: int
     num_kv_heads: int
     head_size: int
+    config_dtype: str | None = None
 
 
 def model_shape(model_path: str) -> ModelShape:
@@ -72,4 +74,6 @@ def model_shape(model_path: str) -> ModelShape:
         num_layers=config["num_hidden_layers"],
         num_kv_heads=config.get("num_key_value_heads", heads),
         head_size=config.get("head_dim") or config["hidden_size"] // heads,
+        # transformers 5 writes "dtype"; older configs "torch_dtype".
+        config_dtype=config.get("dtype") or config.get("torch_dtype"),
     )

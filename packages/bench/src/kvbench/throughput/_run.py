@@ -1,4 +1,9 @@
-"""``run_throughput``: the whole matrix, its comparison with the history, capacity and plots."""
+"""``run_throughput``: the whole matrix, its comparison with the history, capacity and plots.
+
+Only timed cells are compared: with each other (speed-ups), with their history on the same
+hardware (regression flags) and over the nights (trend and scaling plots). Functional checks
+(``_measurement``) report what they ran and hold, never a speed.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from .._output import output_problem
-from ._capacity import computed_capacity
+from ._capacity import cell_dtypes, computed_capacity
 from ._e2e import VLLMEnvironment, check_vllm, run_e2e_cell
 from ._errors import OutputError
 from ._hardware import fingerprint
 from ._history import History, check_history_url, default_history_url
-from ._kernels import add_speedups, copy_bandwidth_gbs, run_kernel_cell, select_device
+from ._kernels import add_int8_ratios, copy_bandwidth_gbs, run_kernel_cell, select_device
 from ._matrix import Cell, E2ECell, KernelCell, Matrix, load_matrix
-from ._model import model_shape, resolve_model
+from ._model import ModelShape, model_shape, resolve_model
 from ._plots import scaling_plots, trend_plot
-from ._regression import judge
+from ._regression import HISTORY_TOO_SHORT, NOT_JUDGED, judge
 
 # Whether a larger value of a metric is an improvement.
 HIGHER_IS_BETTER = {"tokens_per_s": True, "time_ms": False, "latency_s": False}
@@ -42,8 +47,9 @@ def run_throughput(
 
     Returns:
         A JSON-able dict: ``hardware``, ``cells``, ``capacity``, ``plots``, ``regressions``,
-        ``elapsed_s`` (see the package README). The same dict is in ``out_dir/throughput.json``,
-        written before the history, so a history failure loses nothing.
+        ``history_check``, ``summary``, ``elapsed_s`` (see the package README). The same dict is in
+        ``out_dir/throughput.json``, written before the history, so a history failure loses
+        nothing.
 
     Raises:
         MatrixError, OutputError, EngineMissingError, HistoryError, ThroughputError: before any
@@ -66,9 +72,10 @@ def run_throughput(
     history = History(history_url or default_history_url(out_dir))
     try:
         hardware = fingerprint()
-        cells = _run_cells(spec, engine, out_dir, progress)
-        capacity = _capacity(spec, cells, engine[0] if engine else None)
-        regressions = _judge(spec, cells, history, hardware["key"])
+        shape = model_shape(engine[0]) if engine is not None else None
+        cells = _run_cells(spec, engine, shape, out_dir, progress)
+        capacity = _capacity(spec, cells, shape)
+        regressions, history_check = _judge(spec, cells, history, hardware["key"])
         result: dict[str, Any] = {
             "matrix": spec.name,
             "hardware": hardware,
@@ -76,18 +83,21 @@ def run_throughput(
             "capacity": capacity,
             "plots": [],
             "regressions": regressions,
+            "history_check": history_check,
+            "summary": summarize(cells),
             "elapsed_s": time.perf_counter() - start,
         }
         results_file = out_dir / RESULTS_FILE
         results_file.write_text(json.dumps(result, indent=2) + "\n")
         history.record(result, matrix=spec.name, started_at=started_at)
+        timed = [cell for cell in cells if not cell["functional_check"]]
         trends = {
             cell["name"]: history.recent_values(
                 hardware["key"], cell["name"], cell["metric"], spec.gates.history_runs
             )
-            for cell in cells
+            for cell in timed
         }
-        plots = scaling_plots(cells, out_dir)
+        plots = scaling_plots(timed, out_dir)
         trend = trend_plot(trends, out_dir, spec.gates.history_runs)
         result["plots"] = [str(p) for p in (*plots, *([trend] if trend else []))]
         result["elapsed_s"] = time.perf_counter() - start
@@ -107,13 +117,19 @@ def _engine(spec: Matrix) -> tuple[str, VLLMEnvironment] | None:
 
 
 def _run_cells(
-    spec: Matrix, engine: tuple[str, VLLMEnvironment] | None, out_dir: Path, progress: bool
+    spec: Matrix,
+    engine: tuple[str, VLLMEnvironment] | None,
+    shape: ModelShape | None,
+    out_dir: Path,
+    progress: bool,
 ) -> list[dict[str, Any]]:
     """Every cell in declared order.
 
     A cell that raises is recorded as failed with the error's first line; the rest still run.
     """
     from tqdm import tqdm  # type: ignore[import-untyped]
+
+    config_dtype = shape.config_dtype if shape is not None else None
 
     kernel_cells = [c for c in spec.cells if isinstance(c, KernelCell)]
     device, copy_gbs = "", 0.0
@@ -131,8 +147,13 @@ def _run_cells(
                 measured = run_e2e_cell(cell, model_path, spec.engine, out_dir, environment)
         except Exception as error:
             measured = {"status": "failed", "error": _one_line(error)}
-        results.append({**_blank(cell), **measured})
-    add_speedups(results)
+        if isinstance(cell, E2ECell):
+            model_dtype, cache_dtype = cell_dtypes(cell, spec.engine, config_dtype)
+            stored = {"model_dtype": model_dtype, "cache_dtype": cache_dtype}
+        else:
+            stored = {"model_dtype": cell.shape.model_dtype}
+        results.append({**_blank(cell), **stored, **measured})
+    add_int8_ratios(results)
     return results
 
 
@@ -148,7 +169,12 @@ def _blank(cell: Cell) -> dict[str, Any]:
         "unit": cell.unit,
         "spread": None,
         "engine_start_s": None,
+        # Set by the cell once it has run: "timed", or which functional check it was.
+        "measurement": None,
+        "functional_check": False,
         "regression": False,
+        "judgement": None,
+        "history_runs": None,
         "baseline_median": None,
     }
 
@@ -159,30 +185,72 @@ def _one_line(error: BaseException) -> str:
 
 
 def _capacity(
-    spec: Matrix, cells: list[dict[str, Any]], model_path: str | None
+    spec: Matrix, cells: list[dict[str, Any]], shape: ModelShape | None
 ) -> list[dict[str, Any]]:
-    """Computed rows for the matrix's model, then one engine row per (dtype, block size)."""
+    """Computed rows for each cache the end-to-end cells run, in the dtype the engine stores it
+    in, then one engine row per (KV cache dtype, stored dtype, block size) the engine logged."""
+    e2e = [cell for cell in cells if cell["kind"] == "e2e"]
     rows: list[dict[str, Any]] = []
-    if model_path is not None:
-        rows += computed_capacity(model_shape(model_path), spec.capacity)
+    if shape is not None:
+        caches = {(c["kv_cache_dtype"], c["cache_dtype"]): None for c in e2e if c["cache_dtype"]}
+        rows += computed_capacity(shape, spec.capacity, list(caches))
     seen = set()
-    for cell in cells:
+    for cell in e2e:
         engine = cell.get("capacity")
-        key = (cell.get("kv_cache_dtype"), cell.get("block_size"))
+        key = (cell["kv_cache_dtype"], cell["cache_dtype"], cell["block_size"])
         if engine is None or key in seen:
             continue
         seen.add(key)
-        rows.append({"kv_cache_dtype": key[0], "block_size": key[1], **engine, "source": "engine"})
+        rows.append(
+            {
+                "kv_cache_dtype": key[0],
+                "cache_dtype": key[1],
+                "block_size": key[2],
+                **engine,
+                "bytes_per_token": None,
+                "source": "engine",
+            }
+        )
     return rows
+
+
+def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures a decision reads, over the cells that ran: how many were timed and how many
+    were functional checks; the range of the timed INT8 decode's and prefill's speed-up over the
+    16-bit cache (None where no such pair was timed); and the INT8 decode's bytes over the 16-bit
+    one's, which is what a token costs in cache (a fact of the layout: functional checks count)."""
+    ok = [cell for cell in cells if cell["status"] == "ok"]
+    int8 = [cell for cell in ok if cell["kind"] == "kernel" and cell["cache_dtype"] == "int8"]
+    summary: dict[str, Any] = {
+        "cells_timed": sum(not cell["functional_check"] for cell in ok),
+        "cells_functional_check": sum(cell["functional_check"] for cell in ok),
+    }
+    for op in ("decode", "prefill"):
+        speedups = [c["speedup_vs_16bit"] for c in int8 if c["op"] == op and c["speedup_vs_16bit"]]
+        summary[f"{op}_speedup_vs_16bit_min"] = min(speedups, default=None)
+        summary[f"{op}_speedup_vs_16bit_max"] = max(speedups, default=None)
+    ratios = [c["bytes_vs_16bit"] for c in int8 if c["op"] == "decode" and c["bytes_vs_16bit"]]
+    summary["int8_bytes_per_token_vs_16bit"] = max(ratios, default=None)
+    return summary
 
 
 def _judge(
     spec: Matrix, cells: list[dict[str, Any]], history: History, hardware_key: str
-) -> list[dict[str, Any]]:
-    """Mark each successful cell against its history; returns the regressions."""
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Mark each successful cell against its history on this hardware (the fingerprint's key;
+    another machine's runs are never read); returns the regressions and ``history_check``.
+
+    Functional checks are marked ``not-judged``; a timed cell with fewer than ``min_history``
+    earlier values ``history-too-short``: neither can be a regression.
+    """
     regressions = []
+    judged = too_short = 0
+    fewest: int | None = None
     for cell in cells:
         if cell["status"] != "ok":
+            continue
+        if cell["functional_check"]:
+            cell["judgement"] = NOT_JUDGED
             continue
         earlier = history.recent_values(
             hardware_key, cell["name"], cell["metric"], spec.gates.history_runs
@@ -195,10 +263,17 @@ def _judge(
         )
         cell.update(
             regression=verdict.regression,
+            judgement=verdict.judgement,
+            history_runs=verdict.history_runs,
             baseline_median=verdict.baseline_median,
             noise=verdict.noise,
             change=verdict.change,
         )
+        if verdict.judgement == HISTORY_TOO_SHORT:
+            too_short += 1
+            fewest = verdict.history_runs if fewest is None else min(fewest, verdict.history_runs)
+        else:
+            judged += 1
         if verdict.regression:
             regressions.append(
                 {
@@ -206,4 +281,10 @@ def _judge(
                     for key in ("name", "metric", "value", "unit", "baseline_median", "change")
                 }
             )
-    return regressions
+    history_check = {
+        "min_history": spec.gates.min_history,
+        "cells_judged": judged,
+        "cells_history_too_short": too_short,
+        "fewest_history_runs": fewest,
+    }
+    return regressions, history_check

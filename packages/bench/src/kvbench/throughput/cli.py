@@ -50,7 +50,18 @@ def _history_option(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+# What the table's first column shows for a cell that ran, by its judgement.
+_STATUS = {
+    "regression": "REGR",
+    "within-noise": "ok",
+    "history-too-short": "new",
+    "not-judged": "check",
+}
+
+
 def _table(result: dict[str, Any]) -> str:
+    from . import describe_history_check
+
     lines = [
         f"{'status':<6} {'value':>12} {'unit':<6} {'spread':>9} {'start s':>7} {'vs base':>7}  cell"
     ]
@@ -63,18 +74,25 @@ def _table(result: dict[str, Any]) -> str:
         spread = float("nan") if cell["spread"] is None else cell["spread"]
         start_s = float("nan") if cell["engine_start_s"] is None else cell["engine_start_s"]
         lines.append(
-            f"{'REGR' if cell['regression'] else 'ok':<6} {cell['value']:>12.4g} {cell['unit']:<6} "
+            f"{_STATUS[cell['judgement']]:<6} {cell['value']:>12.4g} {cell['unit']:<6} "
             f"{spread:>9.3g} {start_s:>7.1f} "
             f"{'' if change is None else f'{change:+.1%}':>7}  {cell['name']}"
         )
+    lines.append(
+        "\nstatus: ok = within its history's noise, REGR = regressed, new = history too short to "
+        "judge, check = a functional check (a reference path: its time is no speed)"
+    )
     if result["capacity"]:
-        lines.append("\nKV capacity: dtype, block, max tokens, max sequences, source")
+        lines.append(
+            "\nKV capacity: KV cache dtype, stored as, block, max tokens, max sequences, source"
+        )
         for row in result["capacity"]:
             lines.append(
-                f"  {row['kv_cache_dtype']:<22} {row['block_size']:>5} {row['max_tokens']:>9} "
-                f"{row['max_seqs']:>6}  {row['source']}"
+                f"  {row['kv_cache_dtype']:<22} {row['cache_dtype']:<9} {row['block_size']:>5} "
+                f"{row['max_tokens']:>9} {row['max_seqs']:>6}  {row['source']}"
             )
-    lines.append(f"\n{len(result['regressions'])} regression(s); {result['elapsed_s']:.0f} s")
+    check = describe_history_check(len(result["regressions"]), result["history_check"])
+    lines.append(f"\n{check}; {result['elapsed_s']:.0f} s")
     return "\n".join(lines)
 
 
