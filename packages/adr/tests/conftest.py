@@ -30,6 +30,12 @@ More human text, with trailing spaces\x20\x20
 <!-- generated:pipeline-status end -->
 Last line without newline"""
 
+# An ADR with the block that embeds the accuracy stage's figure.
+ACCURACY_ADR = (
+    "---\nlang: en\n---\n# 0009 INT8\n"
+    "<!-- generated:kvbench-accuracy begin -->\n<!-- generated:kvbench-accuracy end -->\n"
+)
+
 
 def make_record(
     stage: str = "audit",

@@ -23,6 +23,7 @@ from adrkit import (
 from adrkit.__main__ import main
 
 from conftest import (
+    ACCURACY_ADR,
     ADR_EN,
     PNG,
     assert_one_line_error,
@@ -75,10 +76,6 @@ def test_human_text_is_byte_identical_after_100_rewrites(adr_dir: Path, tmp_path
     assert path.read_text().endswith("Last line without newline")
 
 
-def _snapshot(directory: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
-
-
 def test_check_detects_staleness_and_writes_nothing(adr_dir: Path, results: Path) -> None:
     path = adr_dir / "0012-fork-audit.md"
     assert main(["update", "--adr-dir", str(adr_dir), "--results", str(results), "--check"]) == 1
@@ -93,10 +90,10 @@ def test_unknown_block_key_changes_no_file(adr_dir: Path, results: Path) -> None
     (adr_dir / "0013-other.md").write_text(
         "# x\n<!-- generated:no-such-block begin -->\n<!-- generated:no-such-block end -->\n"
     )
-    before = _snapshot(adr_dir)
+    before = tree_hashes(adr_dir)
     with pytest.raises(RenderError, match="no renderer knows block key 'no-such-block'"):
         update_adrs(adr_dir, results)
-    assert _snapshot(adr_dir) == before
+    assert tree_hashes(adr_dir) == before
 
 
 @pytest.mark.parametrize(
@@ -119,11 +116,11 @@ def test_cli_bad_input_is_one_line_and_changes_nothing(
     else:
         (adr_dir / "0012-fork-audit.md").unlink()
         (adr_dir / "README.md").write_text("# A hand-written README, not an ADR index\n")
-    before = _snapshot(adr_dir)
+    before = tree_hashes(adr_dir)
     assert main(["update", "--adr-dir", str(adr_dir), "--results", str(results)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("adrkit: error: ") and err.count("\n") == 1
-    assert _snapshot(adr_dir) == before
+    assert tree_hashes(adr_dir) == before
 
 
 @pytest.mark.parametrize("readme", [None, "# My project\n\nWritten by hand.\n"])
@@ -135,12 +132,12 @@ def test_a_directory_without_adrs_gets_no_index_and_keeps_its_readme(
     (project / "notes.md").write_text("# Notes, not an ADR: no NNNN- prefix\n")
     if readme is not None:
         (project / "README.md").write_text(readme)
-    before = _snapshot(project)
+    before = tree_hashes(project)
     for check in (False, True):
         with pytest.raises(AdrError) as info:
             update_adrs(project, results, check=check)
         assert str(info.value) == f"no ADRs (NNNN-*.md) in {project}"
-    assert _snapshot(project) == before
+    assert tree_hashes(project) == before
 
 
 # Holds the ADR writers' lock, as a concurrent `adrkit update` would, until its stdin closes.
@@ -157,7 +154,7 @@ with lock_for(Path(sys.argv[1])).acquire(timeout=10):
 def test_a_lock_held_too_long_is_a_one_line_error_and_changes_nothing(
     adr_dir: Path, results: Path
 ) -> None:
-    before = _snapshot(adr_dir)
+    before = tree_hashes(adr_dir)
     holder = subprocess.Popen(
         [sys.executable, "-c", _LOCK_HOLDER, str(adr_dir)],
         stdin=subprocess.PIPE,
@@ -174,7 +171,7 @@ def test_a_lock_held_too_long_is_a_one_line_error_and_changes_nothing(
     assert str(info.value) == (
         f"another adrkit update is holding the lock on {adr_dir} (waited 0.2 s)"
     )
-    assert _snapshot(adr_dir) == before
+    assert tree_hashes(adr_dir) == before
     # Once the holder is gone, the same update goes through.
     assert adr_dir / "0012-fork-audit.md" in update_adrs(adr_dir, results).changed
 
@@ -236,10 +233,7 @@ def test_figures_are_copied_beside_the_adrs_and_embedded(adr_dir: Path, tmp_path
         artifacts={"accuracy_deltas.png": str(png), "accuracy.json": str(stage_dir / "a.json")},
     )
     write_record(results, record)
-    (adr_dir / "0009-int8.md").write_text(
-        "---\nlang: en\n---\n# 0009 INT8\n"
-        "<!-- generated:kvbench-accuracy begin -->\n<!-- generated:kvbench-accuracy end -->\n"
-    )
+    (adr_dir / "0009-int8.md").write_text(ACCURACY_ADR)
     update_adrs(adr_dir, results)
     text = (adr_dir / "0009-int8.md").read_text()
     assert "| kvb_piqa | 0.01 |" in text
@@ -309,10 +303,6 @@ def test_table_block_of_a_crashed_stage_shows_why_not_an_empty_table(
     assert "No resource use changed" not in block
 
 
-ACCURACY_ADR = (
-    "---\nlang: en\n---\n# 0009 INT8\n"
-    "<!-- generated:kvbench-accuracy begin -->\n<!-- generated:kvbench-accuracy end -->\n"
-)
 FIGURE = "accuracy_deltas.png"
 
 

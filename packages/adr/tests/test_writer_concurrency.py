@@ -25,7 +25,7 @@ import pytest
 from adrkit import Table, update_adrs, write_record
 from adrkit._journal import JOURNAL_NAME
 
-from conftest import ADR_EN, PNG, make_record, python_env
+from conftest import ACCURACY_ADR, ADR_EN, PNG, make_record, python_env
 
 HOOK = """
 import fcntl, os, signal, sys, time
@@ -69,10 +69,6 @@ if role:
 """
 
 ADR_0013 = ADR_EN.replace("# 0012 Vendor fork audit", "# 0013 Second")
-ACCURACY_ADR = (
-    "---\nlang: en\n---\n# 0009 INT8\n"
-    "<!-- generated:kvbench-accuracy begin -->\n<!-- generated:kvbench-accuracy end -->\n"
-)
 # What the update of the set-up below renames into the ADR directory: the journal, three ADRs,
 # the index and one figure.
 RENAMES = 6
