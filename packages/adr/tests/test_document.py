@@ -39,3 +39,11 @@ def test_only_block_bodies_change() -> None:
     assert [b.key for b in doc.blocks] == ["k"]
     new = doc.with_bodies({"k": "new"})
     assert new == f"---\nlang: zh\n---\n# T\nkeep\n{B.format('k')}\nnew\n{E.format('k')}\ntail"
+
+
+def test_a_crlf_file_keeps_crlf_and_its_front_matter_is_read() -> None:
+    text = f"---\r\nlang: zh\r\n---\r\n# T\r\n{B.format('k')}\r\nold\r\n{E.format('k')}\r\ntail\r"
+    doc = parse(Path("0001-t.md"), text)
+    assert (doc.lang, doc.title) == ("zh", "T")
+    new = doc.with_bodies({"k": "one\ntwo"})
+    assert new == text.replace("old", "one\r\ntwo")

@@ -3,6 +3,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,7 +14,7 @@ import pytest
 
 from adrkit import Gate, Record, RecordError, ResultsError, load_latest, read_record, write_record
 
-from conftest import make_record
+from conftest import assert_one_line_error, make_record, python_env, run_update, tree_hashes
 
 
 def test_record_round_trips_through_json(tmp_path: Path) -> None:
@@ -177,3 +180,171 @@ def test_whole_numbers_read_as_numbers_where_the_schema_wants_a_float(tmp_path: 
     path.write_text(json.dumps(data))
     gate = read_record(path).gates[0]
     assert (gate.value, gate.threshold, gate.passed) == (0, 1, True)
+
+
+@pytest.mark.parametrize(
+    ("value", "op", "threshold"),
+    [
+        (math.inf, ">=", 0.7),
+        (-math.inf, "<=", 0.0),
+        (-math.inf, "<", 0.0),
+        (math.nan, "==", math.nan),
+        (0.5, "<=", math.inf),
+        (0.5, ">=", -math.inf),
+        (0.5, "<=", math.nan),
+    ],
+)
+def test_a_value_or_threshold_that_is_not_finite_never_passes(
+    value: float, op: str, threshold: float
+) -> None:
+    assert Gate.judge("g", value, op, threshold).passed is False
+
+
+def test_a_gate_whose_stored_verdict_disagrees_is_refused() -> None:
+    with pytest.raises(RecordError, match=r"stored verdict `passed: true` disagrees with nan <= 1"):
+        Gate("g", math.nan, "<=", 1.0, passed=True)
+    with pytest.raises(RecordError, match=r"`passed: false` disagrees with 0 <= 1, which passes"):
+        Gate("g", 0.0, "<=", 1.0, passed=False)
+
+
+def _raw_record(tmp_path: Path, edit: Callable[[dict[str, Any]], object]) -> Path:
+    """A record file as a careless or hostile writer leaves it: valid, then ``edit``ed as JSON."""
+    path = write_record(tmp_path / "results", make_record())
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _gate(**fields: object) -> Callable[[dict[str, Any]], object]:
+    return lambda r: r["gates"][0].update(fields)
+
+
+def _provenance(**fields: object) -> Callable[[dict[str, Any]], object]:
+    return lambda r: r["provenance"].update(fields)
+
+
+def _nested(depth: int) -> object:
+    value: object = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+RAW_TEXT = {
+    # JSON that Python's json module writes but a record reader must still refuse in one line.
+    "nested-2000-levels": '{"schema_version": 1, "metrics": ' + "[" * 2000 + "]" * 2000 + "}",
+    "integer-of-5000-digits": '{"schema_version": 1, "metrics": {"n": ' + "9" * 5000 + "}}",
+    "not-utf8": b"\xff\xfe{}",
+    "a-list": "[]",
+}
+EDITS: dict[str, tuple[Callable[[dict[str, Any]], object], str]] = {
+    "nan-gate-stored-as-passed": (_gate(value=math.nan, passed=True), "stored verdict"),
+    "infinite-gate-stored-as-passed": (
+        _gate(value=math.inf, op=">=", threshold=0.7, passed=True),
+        "stored verdict",
+    ),
+    "failing-gate-stored-as-passed": (_gate(value=1, passed=True), "stored verdict"),
+    "gate-threshold-too-large": (_gate(threshold=10**400), "too large"),
+    "run-id-a-path": (_provenance(run_id="../../elsewhere"), "`provenance.run_id`"),
+    "run-id-with-backtick": (_provenance(run_id="run`1"), "`provenance.run_id`"),
+    "commit-not-hex": (_provenance(repo_commit="HEAD`; rm"), "`provenance.repo_commit`"),
+    "flow-run-id-with-pipe": (_provenance(flow_run_id="a|b"), "`provenance.flow_run_id`"),
+    "ended-at-not-a-time": (_provenance(ended_at="yesterday"), "`provenance.ended_at`"),
+    "started-at-month-13": (_provenance(started_at="2026-13-01T00:00:00Z"), "started_at"),
+    "stage-too-long": (lambda r: r.update(stage="a" * 65), "`stage`"),
+    "deep-nesting-in-a-field": (lambda r: r.update(summary=_nested(500)), "`summary`"),
+}
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["update", "check"])
+@pytest.mark.parametrize("case", [*RAW_TEXT, *EDITS])
+def test_a_corrupt_record_is_one_line_exit_2_and_changes_nothing(
+    adr_dir: Path, tmp_path: Path, case: str, check: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Exit 2 under --check too: exit 1 would read as "stale", a verdict on good input.
+    if case in RAW_TEXT:
+        path = write_record(tmp_path / "results", make_record())
+        raw = RAW_TEXT[case]
+        path.write_bytes(raw if isinstance(raw, bytes) else raw.encode())
+        expected = str(path)
+    else:
+        edit, expected = EDITS[case]
+        _raw_record(tmp_path, edit)
+    before = tree_hashes(tmp_path)
+    code, err = run_update(capsys, adr_dir, tmp_path / "results", *(["--check"] if check else []))
+    assert code == 2
+    assert_one_line_error(err, expected)
+    assert tree_hashes(tmp_path) == before
+
+
+def test_a_record_over_the_size_cap_is_refused_unread(
+    adr_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from adrkit import MAX_RECORD_BYTES
+
+    path = write_record(tmp_path / "results", make_record())
+    data = json.loads(path.read_text())
+    data["summary"] = "x" * MAX_RECORD_BYTES  # valid, and one byte is enough to be too large
+    path.write_text(json.dumps(data))
+    before = tree_hashes(tmp_path)
+    code, err = run_update(capsys, adr_dir, tmp_path / "results")
+    assert code == 2
+    assert_one_line_error(err, str(path), f"over the limit of {MAX_RECORD_BYTES}")
+    assert tree_hashes(tmp_path) == before
+
+
+def test_a_record_that_is_a_fifo_is_refused_without_blocking(adr_dir: Path, tmp_path: Path) -> None:
+    # A subprocess with a timeout: a reader that opened the FIFO would wait for a writer forever.
+    run_dir = tmp_path / "results" / "run-1"
+    run_dir.mkdir(parents=True)
+    os.mkfifo(run_dir / "audit.json")
+    args = ["update", "--adr-dir", str(adr_dir), "--results", str(tmp_path / "results")]
+    done = subprocess.run(
+        [sys.executable, "-m", "adrkit", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=python_env(),
+        check=False,
+    )
+    assert done.returncode == 2
+    assert_one_line_error(done.stderr, "not a regular file")
+
+
+def test_a_lone_surrogate_in_a_record_text_shows_as_a_replacement_character(
+    adr_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # JSON can carry "\ud800"; UTF-8 cannot, so writing it into an ADR would fail midway.
+    _raw_record(tmp_path, lambda r: r.update(summary="before\ud800after"))
+    assert run_update(capsys, adr_dir, tmp_path / "results") == (0, "")
+    assert "before\ufffdafter" in (adr_dir / "0012-fork-audit.md").read_text(encoding="utf-8")
+
+
+def test_the_newest_record_is_found_by_time_not_by_text(tmp_path: Path) -> None:
+    # As text "02:00:00Z" sorts after "02:00:00.5Z", though it is half a second earlier.
+    write_record(tmp_path, make_record(run_id="later", ended_at="2026-11-29T02:00:00.5Z"))
+    write_record(tmp_path, make_record(run_id="earlier", ended_at="2026-11-29T02:00:00Z"))
+    assert load_latest(tmp_path)["audit"].provenance.run_id == "later"
+
+
+def test_write_record_refuses_an_artifact_outside_the_run_directory(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere.png"
+    record = dataclasses.replace(make_record(), artifacts={"plot.png": str(outside)})
+    with pytest.raises(RecordError, match="outside the run directory"):
+        write_record(tmp_path / "results", record)
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_run_id_that_is_a_path_cannot_write_outside_the_results_root(tmp_path: Path) -> None:
+    with pytest.raises(RecordError, match=r"`provenance\.run_id`"):
+        write_record(tmp_path / "results", make_record(run_id="../outside"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_read_record_returns_artifacts_as_paths_from_the_record_directory(tmp_path: Path) -> None:
+    stage_dir = tmp_path / "run-1" / "audit"
+    record = dataclasses.replace(make_record(), artifacts={"report.md": str(stage_dir / "r.md")})
+    path = write_record(tmp_path, record)
+    assert json.loads(path.read_text())["artifacts"] == {"report.md": "audit/r.md"}
+    assert read_record(path) == record

@@ -1,9 +1,8 @@
 from __future__ import annotations
 
 import json
-import re
+import os
 import shutil
-import signal
 import subprocess
 import sys
 from dataclasses import replace
@@ -23,14 +22,16 @@ from adrkit import (
 )
 from adrkit.__main__ import main
 
-from conftest import ADR_EN, make_record
-
-HUMAN = re.compile(r"<!-- generated:(\S+) begin -->.*?<!-- generated:\1 end -->", re.DOTALL)
-
-
-def human_text(text: str) -> list[str]:
-    """Everything outside block bodies, markers included."""
-    return HUMAN.sub(lambda m: m.group(0).split("\n", 1)[0] + m.group(1), text).splitlines(True)
+from conftest import (
+    ACCURACY_ADR,
+    ADR_EN,
+    PNG,
+    assert_one_line_error,
+    human_text,
+    make_record,
+    run_update,
+    tree_hashes,
+)
 
 
 def test_blocks_render_with_run_id_and_commit(adr_dir: Path, results: Path) -> None:
@@ -64,7 +65,7 @@ def test_human_text_is_byte_identical_after_100_rewrites(adr_dir: Path, tmp_path
             root,
             make_record(
                 run_id=f"run-{i}",
-                ended_at=f"2026-11-29T02:00:{i:02d}",
+                ended_at=f"2026-11-29T02:{i // 60:02d}:{i % 60:02d}Z",
                 files_total=i,
                 summary="x" * (i % 7),
             ),
@@ -73,93 +74,6 @@ def test_human_text_is_byte_identical_after_100_rewrites(adr_dir: Path, tmp_path
         assert human_text(path.read_bytes().decode()) == before
     assert "run `run-99`" in path.read_text()
     assert path.read_text().endswith("Last line without newline")
-
-
-_WRITER = """
-import sys
-from pathlib import Path
-from adrkit import update_adrs, write_record
-sys.path.insert(0, sys.argv[3])
-from conftest import make_record
-root, adr_dir, _, stage = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
-write_record(root, make_record(stage, run_id="run-" + stage, ended_at="2026-11-29T03:00:00Z"))
-update_adrs(adr_dir, root)
-"""
-
-
-def test_eight_concurrent_writers_lose_no_update(adr_dir: Path, results: Path) -> None:
-    stages = [f"stage-{i}" for i in range(8)]
-    tests_dir = str(Path(__file__).parent)
-    procs = [
-        subprocess.Popen([sys.executable, "-c", _WRITER, str(results), str(adr_dir), tests_dir, s])
-        for s in stages
-    ]
-    assert [p.wait(timeout=120) for p in procs] == [0] * 8
-    text = (adr_dir / "0012-fork-audit.md").read_text()
-    status = text.split("generated:pipeline-status begin")[1]
-    assert all(f"| {s} | passed |" in status for s in stages)
-    assert update_adrs(adr_dir, results, check=True).changed == ()
-
-
-# Dies by SIGKILL, as a lost node does, right before its (N+1)-th rename into the ADR directory:
-# the temp file is written and synced and the target not yet replaced, the last instant at which
-# the old file must survive. Python's audit hook fires before the rename happens.
-_WRITER_KILLED_BEFORE_RENAME = """
-import os, signal, sys
-from pathlib import Path
-from adrkit import update_adrs
-adr_dir, results, renames_left = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-def die_before_rename(event, args):
-    global renames_left
-    if event == "os.rename" and Path(args[1]).parent == adr_dir:
-        if renames_left == 0:
-            os.kill(os.getpid(), signal.SIGKILL)
-        renames_left -= 1
-sys.addaudithook(die_before_rename)
-update_adrs(adr_dir, results)
-"""
-
-
-def _snapshot(directory: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
-
-
-@pytest.mark.parametrize("renames_done", [0, 1, 2])
-def test_writer_killed_before_a_rename_leaves_each_file_old_or_new_and_the_next_update_cleans_up(
-    adr_dir: Path, results: Path, tmp_path: Path, renames_done: int
-) -> None:
-    (adr_dir / "0013-second.md").write_text(ADR_EN.replace("# 0012 Vendor", "# 0013 Second"))
-    old = _snapshot(adr_dir)
-    clean_run = tmp_path / "clean-run"
-    shutil.copytree(adr_dir, clean_run)
-    update_adrs(clean_run, results)
-    new = _snapshot(clean_run)
-    assert len(new) == 3  # two ADRs and the index, all changed, so every kill lands mid-update
-    assert all(new[name] != old.get(name) for name in new)
-
-    killed = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _WRITER_KILLED_BEFORE_RENAME,
-            str(adr_dir),
-            str(results),
-            str(renames_done),
-        ],
-        check=False,
-    )
-
-    assert killed.returncode == -signal.SIGKILL
-    temps = [p.name for p in adr_dir.iterdir() if p.name.endswith(".tmp")]
-    assert len(temps) == 1, temps  # the file whose rename never happened
-    after = {name: text for name, text in _snapshot(adr_dir).items() if name not in temps}
-    replaced = [name for name, text in after.items() if text == new[name]]
-    kept = [name for name, text in after.items() if text == old.get(name)]
-    assert len(replaced) == renames_done
-    assert sorted(replaced + kept) == sorted(after)
-
-    update_adrs(adr_dir, results)
-    assert _snapshot(adr_dir) == new  # every file new, no temp file left
 
 
 def test_check_detects_staleness_and_writes_nothing(adr_dir: Path, results: Path) -> None:
@@ -176,10 +90,10 @@ def test_unknown_block_key_changes_no_file(adr_dir: Path, results: Path) -> None
     (adr_dir / "0013-other.md").write_text(
         "# x\n<!-- generated:no-such-block begin -->\n<!-- generated:no-such-block end -->\n"
     )
-    before = _snapshot(adr_dir)
+    before = tree_hashes(adr_dir)
     with pytest.raises(RenderError, match="no renderer knows block key 'no-such-block'"):
         update_adrs(adr_dir, results)
-    assert _snapshot(adr_dir) == before
+    assert tree_hashes(adr_dir) == before
 
 
 @pytest.mark.parametrize(
@@ -202,11 +116,11 @@ def test_cli_bad_input_is_one_line_and_changes_nothing(
     else:
         (adr_dir / "0012-fork-audit.md").unlink()
         (adr_dir / "README.md").write_text("# A hand-written README, not an ADR index\n")
-    before = _snapshot(adr_dir)
+    before = tree_hashes(adr_dir)
     assert main(["update", "--adr-dir", str(adr_dir), "--results", str(results)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("adrkit: error: ") and err.count("\n") == 1
-    assert _snapshot(adr_dir) == before
+    assert tree_hashes(adr_dir) == before
 
 
 @pytest.mark.parametrize("readme", [None, "# My project\n\nWritten by hand.\n"])
@@ -218,12 +132,12 @@ def test_a_directory_without_adrs_gets_no_index_and_keeps_its_readme(
     (project / "notes.md").write_text("# Notes, not an ADR: no NNNN- prefix\n")
     if readme is not None:
         (project / "README.md").write_text(readme)
-    before = _snapshot(project)
+    before = tree_hashes(project)
     for check in (False, True):
         with pytest.raises(AdrError) as info:
             update_adrs(project, results, check=check)
         assert str(info.value) == f"no ADRs (NNNN-*.md) in {project}"
-    assert _snapshot(project) == before
+    assert tree_hashes(project) == before
 
 
 # Holds the ADR writers' lock, as a concurrent `adrkit update` would, until its stdin closes.
@@ -240,7 +154,7 @@ with lock_for(Path(sys.argv[1])).acquire(timeout=10):
 def test_a_lock_held_too_long_is_a_one_line_error_and_changes_nothing(
     adr_dir: Path, results: Path
 ) -> None:
-    before = _snapshot(adr_dir)
+    before = tree_hashes(adr_dir)
     holder = subprocess.Popen(
         [sys.executable, "-c", _LOCK_HOLDER, str(adr_dir)],
         stdin=subprocess.PIPE,
@@ -257,7 +171,7 @@ def test_a_lock_held_too_long_is_a_one_line_error_and_changes_nothing(
     assert str(info.value) == (
         f"another adrkit update is holding the lock on {adr_dir} (waited 0.2 s)"
     )
-    assert _snapshot(adr_dir) == before
+    assert tree_hashes(adr_dir) == before
     # Once the holder is gone, the same update goes through.
     assert adr_dir / "0012-fork-audit.md" in update_adrs(adr_dir, results).changed
 
@@ -306,21 +220,20 @@ def test_missing_adr_directory(tmp_path: Path, results: Path) -> None:
 
 
 def test_figures_are_copied_beside_the_adrs_and_embedded(adr_dir: Path, tmp_path: Path) -> None:
-    png = tmp_path / "plot.png"
-    png.write_bytes(b"\x89PNG\r\n\x1a\nfirst")
+    results = tmp_path / "results"
+    stage_dir = results / "run-1" / "accuracy"
+    stage_dir.mkdir(parents=True)
+    png = stage_dir / "plot.png"
+    png.write_bytes(PNG + b"first")
     record = make_record("accuracy")
     table = Table(["task", "delta"], [["kvb_piqa", 0.01]])
     record = replace(
         record,
         tables={"deltas": table},
-        artifacts={"accuracy_deltas.png": str(png), "accuracy.json": str(tmp_path / "a.json")},
+        artifacts={"accuracy_deltas.png": str(png), "accuracy.json": str(stage_dir / "a.json")},
     )
-    results = tmp_path / "results"
     write_record(results, record)
-    (adr_dir / "0009-int8.md").write_text(
-        "---\nlang: en\n---\n# 0009 INT8\n"
-        "<!-- generated:kvbench-accuracy begin -->\n<!-- generated:kvbench-accuracy end -->\n"
-    )
+    (adr_dir / "0009-int8.md").write_text(ACCURACY_ADR)
     update_adrs(adr_dir, results)
     text = (adr_dir / "0009-int8.md").read_text()
     assert "| kvb_piqa | 0.01 |" in text
@@ -329,7 +242,7 @@ def test_figures_are_copied_beside_the_adrs_and_embedded(adr_dir: Path, tmp_path
     assert copied.read_bytes() == png.read_bytes()
     assert not (adr_dir / "assets" / "accuracy-accuracy.json").exists()  # only figures
     # A new figure makes the ADRs stale, though no text changed; the update copies it.
-    png.write_bytes(b"\x89PNG\r\n\x1a\nsecond")
+    png.write_bytes(PNG + b"second")
     assert update_adrs(adr_dir, results, check=True).changed == (copied,)
     update_adrs(adr_dir, results)
     assert copied.read_bytes().endswith(b"second")
@@ -388,3 +301,197 @@ def test_table_block_of_a_crashed_stage_shows_why_not_an_empty_table(
     block = path.read_text().split("<!-- generated:kvquant-resource-diff begin -->\n")[1]
     assert block.startswith(reason + "\n")
     assert "No resource use changed" not in block
+
+
+FIGURE = "accuracy_deltas.png"
+
+
+def _figure_record(results: Path, source: str) -> Path:
+    """An accuracy record whose figure is ``source``, put into its file as a hostile or careless
+    writer would, past `write_record`'s own check."""
+    table = Table(["task", "delta"], [["kvb_piqa", 0.01]])
+    path = write_record(results, replace(make_record("accuracy"), tables={"deltas": table}))
+    data = json.loads(path.read_text())
+    data["artifacts"] = {FIGURE: source}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _outside_png(tmp_path: Path) -> Path:
+    secret = tmp_path / "secret.png"  # a valid PNG, so only where it lies is wrong
+    secret.write_bytes(PNG + b"not the run's")
+    return secret
+
+
+def _set_up_figure(case: str, tmp_path: Path, run_dir: Path) -> str:
+    """The artifact path of each case of a figure that must not be copied."""
+    stage_dir = run_dir / "accuracy"
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    if case == "relative-escape":
+        _outside_png(tmp_path)
+        return "../../secret.png"
+    if case == "etc-passwd":
+        return "../" * 20 + "etc/passwd"
+    if case == "absolute-outside":
+        return str(_outside_png(tmp_path))
+    if case == "link-to-outside":
+        (stage_dir / "plot.png").symlink_to(_outside_png(tmp_path))
+        return "accuracy/plot.png"
+    if case == "folder-link-to-outside":
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        (elsewhere / "plot.png").write_bytes(PNG)
+        (run_dir / "linked").symlink_to(elsewhere)
+        return "linked/plot.png"
+    if case == "a-folder":
+        return "accuracy"
+    if case == "a-fifo":
+        os.mkfifo(stage_dir / "plot.png")
+        return "accuracy/plot.png"
+    if case == "not-a-png":
+        (stage_dir / "plot.png").write_text("a text file named .png\n")
+        return "accuracy/plot.png"
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "relative-escape",
+        "etc-passwd",
+        "absolute-outside",
+        "link-to-outside",
+        "folder-link-to-outside",
+        "a-folder",
+        "a-fifo",
+        "not-a-png",
+    ],
+)
+def test_a_figure_outside_its_run_directory_or_not_a_png_is_refused_and_nothing_is_copied(
+    adr_dir: Path, tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (adr_dir / "0009-int8.md").write_text(ACCURACY_ADR)
+    results = tmp_path / "results"
+    _figure_record(results, _set_up_figure(case, tmp_path, results / "run-1"))
+    before = tree_hashes(tmp_path)
+    code, err = run_update(capsys, adr_dir, results)
+    assert code == 2
+    assert_one_line_error(err, f"figure '{FIGURE}'")
+    assert tree_hashes(tmp_path) == before
+    assert not (adr_dir / "assets").exists()
+
+
+def test_a_figure_over_the_size_cap_is_refused(
+    adr_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr("adrkit._writer.MAX_FIGURE_BYTES", len(PNG) + 10)
+    (adr_dir / "0009-int8.md").write_text(ACCURACY_ADR)
+    results = tmp_path / "results"
+    (results / "run-1" / "accuracy").mkdir(parents=True)
+    (results / "run-1" / "accuracy" / "plot.png").write_bytes(PNG + b"x" * 11)
+    _figure_record(results, "accuracy/plot.png")
+    before = tree_hashes(tmp_path)
+    code, err = run_update(capsys, adr_dir, results)
+    assert code == 2
+    assert_one_line_error(err, "over the limit")
+    assert tree_hashes(tmp_path) == before
+
+
+def test_a_relative_artifact_path_is_read_from_the_run_directory_never_the_cwd(
+    adr_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (adr_dir / "0009-int8.md").write_text(ACCURACY_ADR)
+    results = tmp_path / "results"
+    for folder, content in [(results / "run-1", b"the run's"), (tmp_path / "cwd", b"the cwd's")]:
+        (folder / "accuracy").mkdir(parents=True)
+        (folder / "accuracy" / "plot.png").write_bytes(PNG + content)
+    _figure_record(results, "accuracy/plot.png")
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert run_update(capsys, adr_dir, results) == (0, "")
+    assert (adr_dir / "assets" / f"accuracy-{FIGURE}").read_bytes() == PNG + b"the run's"
+
+
+def test_an_absolute_artifact_path_inside_the_run_directory_still_reads(
+    adr_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Records written before artifact paths were relative name them absolutely.
+    (adr_dir / "0009-int8.md").write_text(ACCURACY_ADR)
+    results = tmp_path / "results"
+    (results / "run-1" / "accuracy").mkdir(parents=True)
+    png = results / "run-1" / "accuracy" / "plot.png"
+    png.write_bytes(PNG + b"old record")
+    _figure_record(results, str(png))
+    assert run_update(capsys, adr_dir, results) == (0, "")
+    assert (adr_dir / "assets" / f"accuracy-{FIGURE}").read_bytes() == png.read_bytes()
+
+
+def test_write_record_names_artifacts_relative_to_the_run_so_the_run_folder_can_move(
+    adr_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (adr_dir / "0009-int8.md").write_text(ACCURACY_ADR)
+    monkeypatch.chdir(tmp_path)  # the stage names its artifacts relative to its cwd
+    stage_dir = Path("results", "run-1", "accuracy")
+    stage_dir.mkdir(parents=True)
+    (stage_dir / "plot.png").write_bytes(PNG + b"moved")
+    record = replace(
+        make_record("accuracy"),
+        artifacts={FIGURE: str(stage_dir / "plot.png"), "accuracy.json": str(stage_dir / "a.json")},
+    )
+    path = write_record(Path("results"), record)
+    stored = json.loads(path.read_text())["artifacts"]
+    assert stored == {FIGURE: "accuracy/plot.png", "accuracy.json": "accuracy/a.json"}
+
+    store = tmp_path / "evidence" / "runs"
+    shutil.move(tmp_path / "results", store)
+    monkeypatch.chdir(adr_dir)
+    assert run_update(capsys, adr_dir, store) == (0, "")
+    assert (adr_dir / "assets" / f"accuracy-{FIGURE}").read_bytes() == PNG + b"moved"
+
+
+def test_an_assets_folder_that_links_out_of_the_adr_directory_is_refused(
+    adr_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (adr_dir / "0009-int8.md").write_text(ACCURACY_ADR)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (adr_dir / "assets").symlink_to(outside)
+    results = tmp_path / "results"
+    (results / "run-1" / "accuracy").mkdir(parents=True)
+    (results / "run-1" / "accuracy" / "plot.png").write_bytes(PNG)
+    _figure_record(results, "accuracy/plot.png")
+    before = tree_hashes(tmp_path)
+    code, err = run_update(capsys, adr_dir, results)
+    assert code == 2
+    assert_one_line_error(err, "not a link or a file")
+    assert tree_hashes(tmp_path) == before
+
+
+def test_an_adr_with_crlf_line_ends_keeps_them_everywhere(
+    adr_dir: Path, results: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = adr_dir / "0012-fork-audit.md"
+    # Chinese, so the output shows that the CRLF front matter was read.
+    path.write_bytes(ADR_EN.replace("lang: en", "lang: zh").replace("\n", "\r\n").encode())
+    (adr_dir / "README.md").write_bytes(b"# an index saved with CRLF\r\n")
+    before = path.read_bytes()
+    assert run_update(capsys, adr_dir, results) == (0, "")
+    after = path.read_bytes()
+    assert "| 差异文件数 | 3 |".encode() in after
+    assert human_text(after.decode()) == human_text(before.decode())
+    for written in (after, (adr_dir / "README.md").read_bytes()):
+        assert written.count(b"\n") == written.count(b"\r\n") > 5
+    assert update_adrs(adr_dir, results, check=True).changed == ()
+
+
+def test_an_lf_adr_stays_lf(adr_dir: Path, results: Path) -> None:
+    update_adrs(adr_dir, results)
+    assert b"\r" not in (adr_dir / "0012-fork-audit.md").read_bytes()

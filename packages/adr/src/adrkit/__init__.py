@@ -2,10 +2,11 @@
 into the Architecture Decision Records.
 
 Stages build a `Record` and `write_record` it under a results root; `update_adrs` renders every
-generated block of every ADR from the latest records, atomically and under a lock.
+generated block of every ADR from the latest records, as one set and under the ADR directory's
+lock.
 """
 
-from adrkit._blocks import BLOCKS, markdown_table, render_block
+from adrkit._blocks import BLOCKS, markdown_table, markdown_text, render_block
 from adrkit._document import LANGS
 from adrkit._errors import (
     AdrError,
@@ -17,6 +18,7 @@ from adrkit._errors import (
 )
 from adrkit._provenance import hardware, new_run_id, package_versions, repo_state, utc_now
 from adrkit._record import (
+    MAX_RECORD_BYTES,
     SCHEMA_VERSION,
     STATUSES,
     Gate,
@@ -34,6 +36,7 @@ from adrkit._writer import UpdateResult, update_adrs
 __all__ = [
     "BLOCKS",
     "LANGS",
+    "MAX_RECORD_BYTES",
     "SCHEMA_VERSION",
     "STATUSES",
     "AdrError",
@@ -52,6 +55,7 @@ __all__ = [
     "hardware",
     "load_latest",
     "markdown_table",
+    "markdown_text",
     "new_run_id",
     "package_versions",
     "read_record",

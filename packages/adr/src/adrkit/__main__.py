@@ -44,7 +44,7 @@ def main(argv: Sequence[str]) -> int:
             args.adr_dir, args.results, check=args.check, commit_branch=args.commit_branch
         )
     except AdrError as exc:
-        print(f"adrkit: error: {exc}", file=sys.stderr)
+        print(f"adrkit: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     for path in result.changed:
         print(f"{'stale' if args.check else 'updated'}: {path}")
@@ -55,6 +55,12 @@ def main(argv: Sequence[str]) -> int:
     if not result.changed:
         print("ADRs are up to date")
     return 0
+
+
+def _one_line(message: str) -> str:
+    """``message`` with every line break and unprintable character escaped: an error names
+    paths and record values, which may hold either, and is one line all the same."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
 
 
 def entrypoint() -> None:

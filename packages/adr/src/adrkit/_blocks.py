@@ -3,10 +3,14 @@
 A renderer turns the latest results records into Markdown. It reads records only, never a
 package, so a block shows exactly what a stage recorded. Every block ends with the run id and the
 commit of each record it used, so each figure can be traced to the run that produced it.
+
+Every text a renderer shows, whether it comes from a record or from the labels here, goes through
+`markdown_text`, so no record can write a marker, an HTML comment or a table cell of its own.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 
 from adrkit._errors import RenderError
@@ -264,7 +268,49 @@ _LABELS: dict[str, dict[str, str]] = {
 }
 
 
+# Line breaks of every kind `str.splitlines` knows: one would end a table row or start a block.
+_LINE_BREAKS = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+# Control characters and lone surrogates (JSON can carry "\ud800", UTF-8 cannot): shown as U+FFFD.
+_UNSHOWABLE = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\ud800-\udfff]")
+# `<` and `>` become entities, so no text can open or close an HTML comment (a generated-block
+# marker is one) or a tag; `&` too, so an entity in the text shows as written.
+_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+# Backslash-escaped wherever they stand: `|` would split a table cell; `\` could escape the
+# backslash of an escaped `|`; a backtick or `~` run could open a code span or fence; brackets
+# would make a link or an image. Emphasis (`*`, `_`) is left as is: it changes how a word looks,
+# never the structure, and escaping it would clutter every path and id.
+_BACKSLASHED = re.compile(r"([\\`|~\[\]])")
+# At the start of a line Markdown reads these as a heading, a list item or a thematic break.
+_BLOCK_START = re.compile(r"#{1,6}(?=[ \t]|$)|[-+*](?=[ \t]|$)|[0-9]{1,9}[.)](?=[ \t]|$)")
+_THEMATIC_BREAK = re.compile(r"([-*_])(?:[ \t]*\1){2,}[ \t]*")
+
+
+def markdown_text(text: str) -> str:
+    """``text`` as Markdown that shows it as written, on one line, in a paragraph or a table cell.
+
+    The one escaping function of every renderer: line breaks become spaces, `<`, `>` and `&`
+    entities (so no HTML comment, hence no block marker, can form), and the characters that
+    would split a table cell, open a code span, a fence or a link are backslash-escaped, as is a
+    heading, list or rule marker at the start. Code spans cannot be escaped (Markdown shows
+    their content literally); the record fields shown in them are held to formats instead.
+    """
+    text = _LINE_BREAKS.sub(" ", text).replace("\t", " ")
+    text = _UNSHOWABLE.sub("\ufffd", text).strip(" ")
+    text = "".join(_ENTITIES.get(char, char) for char in text)
+    text = _BACKSLASHED.sub(r"\\\1", text)
+    if _THEMATIC_BREAK.fullmatch(text):
+        return "\\" + text
+    start = _BLOCK_START.match(text)
+    if start:
+        marker = start.group(0)
+        return marker[:-1] + "\\" + marker[-1] + text[len(marker) :]
+    return text
+
+
 def label(lang: str, key: str, **fields: str) -> str:
+    """The ADR's words for ``key`` (an id without a label shows as itself), with ``fields``
+    filled in; the caller escapes the result (`markdown_text`) or, for a label of its own
+    Markdown, each field."""
     text = _LABELS[lang].get(key, key)
     return text.format(**fields) if fields else text
 
@@ -296,39 +342,34 @@ def _cell(lang: str, value: Scalar) -> str:
         return "—"
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    return str(value)
 
 
 def markdown_table(lang: str, columns: Sequence[str], rows: Sequence[Sequence[Scalar]]) -> str:
-    header = "| " + " | ".join(label(lang, c) for c in columns) + " |"
+    """A Markdown table: ``columns`` are ids shown by their labels, each cell escaped."""
+    header = "| " + " | ".join(markdown_text(label(lang, c)) for c in columns) + " |"
     rule = "|" + "---|" * len(columns)
-    body = ["| " + " | ".join(_cell(lang, v) for v in row) + " |" for row in rows]
+    body = ["| " + " | ".join(markdown_text(_cell(lang, v)) for v in row) + " |" for row in rows]
     return "\n".join([header, rule, *body])
 
 
 def source_line(record: Record, lang: str) -> str:
+    """The run, flow run and commit a block's record came from. They are shown in code spans,
+    where an escape would show literally, so they are not escaped: `Provenance` holds them to
+    formats that Markdown cannot misread, and `Record` the stage's name."""
     p = record.provenance
     flow = label(lang, "flow-run", id=p.flow_run_id) if p.flow_run_id else ""
     commit = (p.repo_commit or "unknown")[:12]
-    return (
-        "_"
-        + label(
-            lang,
-            "source",
-            stage=record.stage,
-            run=p.run_id,
-            flow=flow,
-            commit=commit,
-            ended=p.ended_at,
-        )
-        + "_"
-    )
+    fields = {"stage": record.stage, "run": p.run_id, "flow": flow, "commit": commit}
+    return "_" + label(lang, "source", ended=markdown_text(p.ended_at), **fields) + "_"
 
 
 def _require(records: Records, stage: str, lang: str) -> Record | str:
     """The stage's record, or the localized note that it has not run yet."""
     record = records.get(stage)
-    return record if record is not None else "_" + label(lang, "no-results", stage=stage) + "_"
+    if record is not None:
+        return record
+    return "_" + label(lang, "no-results", stage=stage) + "_"  # a stage of `BLOCKS`
 
 
 def _gate_table(record: Record, lang: str) -> str:
@@ -393,16 +434,19 @@ def render_audit_summary(records: Records, lang: str) -> str:
     record = _require(records, "audit", lang)
     if isinstance(record, str):
         return record
-    parts = [f"**{label(lang, 'verdict')}:** {record.summary}"]
+    parts = [f"**{markdown_text(label(lang, 'verdict'))}:** {markdown_text(record.summary)}"]
     if record.status != "skipped" and record.metrics:
         parts += [_metrics_table(record, lang, _AUDIT_SUMMARY_METRICS), _gate_table(record, lang)]
     elif record.reason:
-        parts.append(record.reason)
+        parts.append(markdown_text(record.reason))
     parts.append(source_line(record, lang))
     return "\n\n".join(parts)
 
 
 ASSETS_DIR = "assets"
+# The figure types a block embeds, by the name's suffix, and the bytes such a file begins with:
+# a figure is copied beside the ADRs only if its content is of the type its name says.
+FIGURE_SIGNATURES = {".png": b"\x89PNG\r\n\x1a\n"}
 
 
 def asset_name(stage: str, artifact: str) -> str:
@@ -410,8 +454,12 @@ def asset_name(stage: str, artifact: str) -> str:
     return f"{ASSETS_DIR}/{stage}-{artifact}"
 
 
-def is_figure(artifact: str) -> bool:
-    return artifact.endswith(".png")
+def figure_signature(artifact: str) -> bytes | None:
+    """The bytes a figure named ``artifact`` begins with, or None for an artifact that is no
+    figure."""
+    return next(
+        (sig for suffix, sig in FIGURE_SIGNATURES.items() if artifact.endswith(suffix)), None
+    )
 
 
 def render_record_table(
@@ -434,18 +482,20 @@ def render_record_table(
         if isinstance(record, str):
             return record
         if record.status == "skipped":
-            return "\n\n".join([record.reason or record.summary, source_line(record, lang)])
+            reason = markdown_text(record.reason or record.summary)
+            return "\n\n".join([reason, source_line(record, lang)])
         found: Table | None = record.tables.get(table)
         if found is None and record.reason:  # the stage ended (crashed) before the table
-            body = record.reason
+            body = markdown_text(record.reason)
         elif found is not None and found.rows:
             body = markdown_table(lang, found.columns, found.rows)
         elif found is not None and found.baseline_found is False and no_baseline_key:
-            body = label(lang, no_baseline_key)
+            body = markdown_text(label(lang, no_baseline_key))
         else:
-            body = label(lang, empty_key)
+            body = markdown_text(label(lang, empty_key))
         shown = [
-            f"![{label(lang, 'figure')}: {name}]({asset_name(stage, name)})"
+            f"![{markdown_text(label(lang, 'figure'))}: {markdown_text(name)}]"
+            f"({asset_name(stage, name)})"
             for name in figures
             if name in record.artifacts
         ]

@@ -7,7 +7,9 @@ A generated block is everything between a pair of lines of exactly this form::
     <!-- generated:KEY end -->
 
 Only the text strictly between the two markers is ever replaced, so every byte outside them,
-the markers included, is the human author's and stays as it was.
+the markers included, is the human author's and stays as it was. A file's line ends are its own:
+one whose first line ends in CRLF gets its generated bodies with CRLF too, and every other byte,
+CR included, is kept as read.
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ class Block:
     body_end: int
 
 
+def newline_of(text: str) -> str:
+    """The line end of ``text``: that of its first line, LF for a text of one line."""
+    first = text.find("\n")
+    return "\r\n" if first > 0 and text[first - 1] == "\r" else "\n"
+
+
 @dataclass(frozen=True)
 class Document:
     path: Path
@@ -48,13 +56,19 @@ class Document:
     def lang(self) -> str:
         return self.front_matter.get("lang", "en")
 
+    @property
+    def newline(self) -> str:
+        return newline_of(self.text)
+
     def with_bodies(self, bodies: dict[str, str]) -> str:
-        """Return the text with each block's body replaced; text outside the bodies is kept."""
+        """Return the text with each block's body (rendered with LF line ends) replaced, in the
+        file's own line ends; text outside the bodies is kept."""
         pieces: list[str] = []
         cursor = 0
         for block in self.blocks:
+            body = bodies[block.key].strip("\n").replace("\n", self.newline)
             pieces.append(self.text[cursor : block.body_start])
-            pieces.append(f"\n{bodies[block.key].strip(chr(10))}\n")
+            pieces.append(f"{self.newline}{body}{self.newline}")
             cursor = block.body_end
         pieces.append(self.text[cursor:])
         return "".join(pieces)
@@ -69,14 +83,16 @@ def parse(path: Path, text: str) -> Document:
 
 
 def _front_matter(path: Path, text: str) -> dict[str, str]:
-    if not text.startswith("---\n"):
+    newline = newline_of(text)
+    fence = f"---{newline}"
+    if not text.startswith(fence):
         return {}
-    end = text.find("\n---\n", 4)
+    end = text.find(f"{newline}{fence}", len(fence))
     if end < 0:
         msg = f"{path}: front matter opened with '---' is never closed"
         raise MarkerError(msg)
     try:
-        data = yaml.safe_load(text[4:end]) or {}
+        data = yaml.safe_load(text[len(fence) : end]) or {}
     except yaml.YAMLError as exc:
         msg = f"{path}: front matter is not valid YAML ({' '.join(str(exc).split())})"
         raise MarkerError(msg) from None

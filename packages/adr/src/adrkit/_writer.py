@@ -1,31 +1,44 @@
 """Update the generated blocks of every ADR in a directory from the latest results records.
 
-The update is all-or-nothing in what it checks: every ADR is parsed and every block rendered
-before the first byte is written, so a malformed marker or an unknown block key anywhere leaves
-every file as it was. Each file is then replaced atomically (temp file, fsync, rename), and the
-whole update runs under a file lock, so concurrent writers serialise instead of losing updates; the
-temp files of a writer killed before its rename are removed by the next update.
+The update is all-or-nothing in what it checks: every ADR is parsed, every block rendered and
+every figure checked before the first byte is written, so a malformed marker, an unknown block key
+or a bad record anywhere leaves every file as it was. The whole update runs under the ADR
+directory's lock, so concurrent writers serialise instead of losing updates, and the files change
+as one set (`_journal`): a writer killed midway leaves either the old set or a journal that the
+next update completes first; the temp files of a writer killed earlier are removed.
 """
 
 from __future__ import annotations
 
-import hashlib
-import tempfile
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
-import filelock
 import git
 
-from adrkit import _document
-from adrkit._blocks import Records, asset_name, is_figure, render_block
+from adrkit import _document, _journal
+from adrkit._blocks import (
+    ASSETS_DIR,
+    asset_name,
+    figure_signature,
+    markdown_text,
+    render_block,
+)
 from adrkit._errors import AdrError, CommitError
-from adrkit._files import atomic_write, remove_stale_temps
-from adrkit._record import load_latest
+from adrkit._files import FileReadError, read_capped, remove_stale_temps
+from adrkit._lock import DirectoryLock
+from adrkit._record import Record, RecordFile, artifact_in_run_dir, latest_records
 
 INDEX_NAME = "README.md"
 ADR_GLOB = "[0-9][0-9][0-9][0-9]-*.md"
 LOCK_TIMEOUT_S = 120.0
+# The largest ADR, with the generated tables of an audit of a whole vLLM tree, is well under
+# 1 MiB. The writer refuses to read a larger one, and so also to write one.
+MAX_ADR_BYTES = 16 * 2**20
+# The pipeline's figures are plots of some 100 KiB; a larger file is none of them, and a copy
+# would be committed into the repository.
+MAX_FIGURE_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -40,14 +53,9 @@ class UpdateResult:
         return bool(self.changed)
 
 
-def lock_for(adr_dir: Path) -> filelock.FileLock:
-    """The lock that serialises writers of one ADR directory.
-
-    It lives in the temp directory, keyed by the directory's real path, so it never shows up as
-    an untracked file in the repository that holds the ADRs.
-    """
-    digest = hashlib.sha256(str(adr_dir.resolve()).encode()).hexdigest()[:16]
-    return filelock.FileLock(Path(tempfile.gettempdir()) / f"adrkit-{digest}.lock")
+def lock_for(adr_dir: Path) -> DirectoryLock:
+    """The lock that serialises writers of one ADR directory (see `adrkit._lock`)."""
+    return DirectoryLock(adr_dir)
 
 
 def update_adrs(
@@ -62,48 +70,50 @@ def update_adrs(
 
     With ``check``, nothing is written and the result lists the files that are stale. With
     ``commit_branch``, the change is committed with GitPython on that branch, which must be the
-    one checked out, and only if the work tree was clean before the update. If another writer
+    one checked out, and only if the work tree is clean before the update. If another writer
     holds the directory's lock for more than ``lock_timeout_s`` seconds, the update fails and
-    writes nothing.
+    writes nothing. An update that a killed writer committed to is completed first, even by an
+    update that then refuses its own input: completing it is no change of this update's.
     """
     if not adr_dir.is_dir():
         problem = "exists but is not a directory" if adr_dir.exists() else "does not exist"
         msg = f"ADR directory {adr_dir} {problem}"
         raise AdrError(msg)
-    repo = _repo_for_commit(adr_dir, commit_branch) if commit_branch and not check else None
-    try:
-        held = lock_for(adr_dir).acquire(timeout=lock_timeout_s)
-    except filelock.Timeout:
-        msg = (
-            f"another adrkit update is holding the lock on {adr_dir} (waited {lock_timeout_s:g} s)"
-        )
-        raise AdrError(msg) from None
-    with held:
-        records = load_latest(results)
+    with lock_for(adr_dir).acquire(timeout=lock_timeout_s):
+        repo = _repo_for_commit(adr_dir, commit_branch) if commit_branch and not check else None
+        completed: tuple[Path, ...] = ()
+        if not check:
+            completed = _journal.roll_forward(adr_dir)
+            for folder in (adr_dir, adr_dir / ASSETS_DIR):
+                if folder.is_dir() and not folder.is_symlink():
+                    remove_stale_temps(folder)
+        records = latest_records(results)
         planned = _plan(adr_dir, records)
-        changed = tuple(path for path, content in planned.items() if _read(path) != content)
+        changed = tuple(path for path, content in planned.items() if _current(path) != content)
         if check:
             return UpdateResult(changed)
-        for path in planned:
-            remove_stale_temps(path)
-        if not changed:
-            return UpdateResult(changed)
-        for path in changed:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, planned[path])
-        commit = _commit(repo, changed, records) if repo is not None else None
+        if changed:
+            _journal.replace_all(adr_dir, {path: planned[path] for path in changed})
+        changed = tuple(dict.fromkeys([*changed, *completed]))
+        commit = None
+        if repo is not None and changed:
+            commit = _commit(repo, changed, {s: f.record for s, f in records.items()})
     return UpdateResult(changed, commit)
 
 
-def _read(path: Path) -> str | bytes | None:
-    try:
-        return path.read_bytes() if is_figure(path.name) else path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+def _current(path: Path) -> bytes | None:
+    """The bytes a planned file has now, None if there is none yet."""
+    if not os.path.lexists(path):
         return None
+    try:
+        return read_capped(path, max(MAX_ADR_BYTES, MAX_FIGURE_BYTES))
+    except FileReadError as exc:
+        msg = f"cannot replace {path}: {exc}"
+        raise AdrError(msg) from None
 
 
-def _plan(adr_dir: Path, records: Records) -> dict[Path, str | bytes]:
-    """The new text of every ADR and of the index, and the figures the records carry (copied
+def _plan(adr_dir: Path, records: dict[str, RecordFile]) -> dict[Path, bytes]:
+    """The new bytes of every ADR and of the index, and the figures the records carry (copied
     beside the ADRs, where the blocks link them), computed before anything is written."""
     paths = sorted(adr_dir.glob(ADR_GLOB))
     if not paths:
@@ -111,37 +121,95 @@ def _plan(adr_dir: Path, records: Records) -> dict[Path, str | bytes]:
         # the directory is a mistake, so a directory without ADRs gets no index either.
         msg = f"no ADRs (NNNN-*.md) in {adr_dir}"
         raise AdrError(msg)
-    documents = []
-    for path in paths:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            msg = f"cannot read ADR {path}: {exc}"
-            raise AdrError(msg) from None
-        documents.append(_document.parse(path, text))
-    planned: dict[Path, str | bytes] = {
+    documents = [_document.parse(path, _read_adr(path)) for path in paths]
+    shown = {stage: found.record for stage, found in records.items()}
+    planned: dict[Path, bytes] = {
         doc.path: doc.with_bodies(
-            {b.key: render_block(b.key, records, doc.lang) for b in doc.blocks}
-        )
+            {b.key: render_block(b.key, shown, doc.lang) for b in doc.blocks}
+        ).encode("utf-8")
         for doc in documents
     }
-    planned[adr_dir / INDEX_NAME] = render_index(documents)
-    for stage, record in records.items():
-        for name, source in record.artifacts.items():
-            # A figure whose file is gone (results moved elsewhere) keeps its last copy.
-            if is_figure(name) and Path(source).is_file():
-                planned[adr_dir / asset_name(stage, name)] = Path(source).read_bytes()
+    index = adr_dir / INDEX_NAME
+    planned[index] = render_index(documents, _document.newline_of(_index_text(index))).encode()
+    for path, content in planned.items():
+        if len(content) > MAX_ADR_BYTES:
+            msg = (
+                f"{path} would be {len(content)} bytes, over the limit of {MAX_ADR_BYTES} that "
+                "adrkit reads; the records' tables are too large for an ADR"
+            )
+            raise AdrError(msg)
+    planned |= _figures(adr_dir, records)
     return planned
 
 
-def render_index(documents: list[_document.Document]) -> str:
+def _read_adr(path: Path) -> str:
+    try:
+        # Bytes, decoded without newline translation, so a CR is kept wherever it stands.
+        return read_capped(path, MAX_ADR_BYTES).decode("utf-8")
+    except (FileReadError, UnicodeDecodeError) as exc:
+        msg = f"cannot read ADR {path}: {exc}"
+        raise AdrError(msg) from None
+
+
+def _index_text(index: Path) -> str:
+    """The current index, whose line ends the new one keeps; empty if there is none."""
+    current = _current(index)
+    return current.decode("utf-8", errors="replace") if current is not None else ""
+
+
+def _figures(adr_dir: Path, records: dict[str, RecordFile]) -> dict[Path, bytes]:
+    """The figures to copy beside the ADRs, each checked to be a file of the record's own run
+    directory and of the type its name says. A figure whose file is gone (the results were
+    moved or pruned) keeps its last copy: the ADR still links it, and it is still the figure of
+    the record the block shows."""
+    figures: dict[Path, bytes] = {}
+    for stage, found in records.items():
+        for name, source in found.record.artifacts.items():
+            signature = figure_signature(name)
+            if signature is None:
+                continue
+            data = _figure(found, name, Path(source), signature)
+            if data is not None:
+                figures[adr_dir / asset_name(stage, name)] = data
+    assets = adr_dir / ASSETS_DIR
+    if figures and (assets.is_symlink() or (assets.exists() and not assets.is_dir())):
+        msg = f"{assets} must be a directory in {adr_dir}, not a link or a file"
+        raise AdrError(msg)
+    return figures
+
+
+def _figure(found: RecordFile, name: str, source: Path, signature: bytes) -> bytes | None:
+    where = f"figure {name!r} of results record {found.path}"
+    inside = artifact_in_run_dir(found.run_dir, source)
+    if inside is None:
+        msg = f"{where} is {source}, which resolves outside its run directory {found.run_dir}"
+        raise AdrError(msg)
+    resolved = found.run_dir.resolve() / inside
+    if not os.path.lexists(resolved):
+        return None
+    try:
+        # Not through a link: the path was resolved just now, and a link put there since would
+        # lead elsewhere.
+        data = read_capped(resolved, MAX_FIGURE_BYTES, follow_links=False)
+    except FileReadError as exc:
+        msg = f"cannot copy {where} ({resolved}): {exc}"
+        raise AdrError(msg) from None
+    if not data.startswith(signature):
+        kind = Path(name).suffix.lstrip(".").upper()
+        msg = f"{where} ({resolved}) is not a {kind} file (it lacks the {kind} signature)"
+        raise AdrError(msg)
+    return data
+
+
+def render_index(documents: list[_document.Document], newline: str = "\n") -> str:
     """docs/adr/README.md: one row per ADR with its title, status and date."""
     rows = [
-        f"| [{doc.path.stem[:4]}]({doc.path.name}) | {doc.title} | "
-        f"{doc.front_matter.get('status', '—')} | {doc.front_matter.get('date', '—')} |"
+        f"| [{doc.path.stem[:4]}]({quote(doc.path.name)}) | {markdown_text(doc.title)} | "
+        f"{markdown_text(doc.front_matter.get('status', '—'))} | "
+        f"{markdown_text(doc.front_matter.get('date', '—'))} |"
         for doc in documents
     ]
-    return "\n".join(
+    return newline.join(
         [
             "# Architecture Decision Records",
             "",
@@ -175,7 +243,7 @@ def _repo_for_commit(adr_dir: Path, branch: str) -> git.Repo:
     return repo
 
 
-def _commit(repo: git.Repo, changed: tuple[Path, ...], records: Records) -> str:
+def _commit(repo: git.Repo, changed: tuple[Path, ...], records: dict[str, Record]) -> str:
     runs = sorted({r.provenance.run_id for r in records.values()})
     repo.index.add([str(p.resolve()) for p in changed])
     message = f"docs(adr): update generated blocks from run {', '.join(runs)}"
