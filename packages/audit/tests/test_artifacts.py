@@ -74,12 +74,14 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
 def test_sdist_matches_its_source_and_lists_what_the_build_added(tiny: Tiny) -> None:
     report = forkaudit.diff(f"sdist:{tiny.sdist}", f"git:{tiny.repo}@HEAD")
     assert report.summary()["total"] == 0
-    left_out = {entry["path"]: entry["reason"] for entry in report.left_out}
-    assert left_out.pop("PKG-INFO") == "sdist metadata written by the build"
-    assert left_out.pop("setup.cfg") == "[egg_info] section written by the sdist build"
+    left_out = {entry["path"]: (entry["side"], entry["code"]) for entry in report.left_out}
+    assert left_out.pop("PKG-INFO") == ("fork", "sdist-metadata")
+    assert left_out.pop("setup.cfg") == ("fork", "egg-info-section")
     assert left_out, "the egg-info files"
     assert all(p.startswith("tinypkg.egg-info/") for p in left_out)
-    assert set(left_out.values()) == {"egg-info metadata written by the build"}
+    assert set(left_out.values()) == {("fork", "egg-info-metadata")}
+    reasons = {entry["code"]: entry["reason"] for entry in report.left_out}
+    assert reasons["sdist-metadata"] == "sdist metadata written by the build"
 
 
 def test_sdist_against_a_later_commit_shows_the_change(tiny: Tiny, tmp_path: Path) -> None:
@@ -131,19 +133,30 @@ def test_installed_files_are_checked_against_record(
     (site / "tinypkg" / "core.py").write_bytes(b"def answer():\n    return 0\n")
     patched = forkaudit.diff("installed:tinypkg", f"git:{tiny.repo}", scope="tinypkg/")
     assert patched.record_mismatches["fork"] == [
-        {"path": "tinypkg/core.py", "problem": "content does not match its RECORD sha256 hash"}
+        {
+            "path": "tinypkg/core.py",
+            "code": "content-differs",
+            "algorithm": "sha256",
+            "problem": "content does not match its RECORD sha256 hash",
+        }
     ]
     assert [(f.status, f.path) for f in patched.files] == [("M", "tinypkg/core.py")]
     verdict = patched.verdict()
     assert verdict["surprise"] is True
-    assert verdict["findings"] == [
-        {
-            "stream": "-",
-            "path": "tinypkg/core.py",
-            "area": "other",
-            "reason": "patched after install: content does not match its RECORD sha256 hash",
-        }
+    assert [(f.stream, f.path, f.area, f.change, f.reason) for f in patched.findings()] == [
+        (
+            None,
+            "tinypkg/core.py",
+            "other",
+            "record-content-differs",
+            "patched after install: content does not match its RECORD sha256 hash",
+        )
     ]
+    assert verdict["risk_files_by_stream"] == {"A": 0, "B": 0, "C": 0, "none": 1}
+    markdown = patched.to_markdown()
+    outside = markdown.split("### Outside the plan's streams\n")[1].split("\n#")[0]
+    assert "| `tinypkg/core.py` | patched after install: content does not match" in outside
+    assert "Stream -" not in markdown
 
 
 def _isolated_pip_env(monkeypatch: pytest.MonkeyPatch, index_url: str) -> None:

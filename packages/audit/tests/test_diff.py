@@ -167,9 +167,23 @@ def test_attribution_against_the_true_base(repos: Repos) -> None:
             "stream": "C",
             "path": "vllm/platforms/rocm.py",
             "area": "platform",
+            "change": "modified",
             "reason": "modified in platform (+1/-1); keywords: hygon, dtk, rocm",
+            "old_path": None,
+            "old_mode": "100644",
+            "new_mode": "100644",
+            "content": "text",
+            "lines_added": 1,
+            "lines_removed": 1,
+            "keywords": ["hygon", "dtk", "rocm"],
+            "excerpt": ["-    return 'rocm'", "+    return 'hygon dtk'"],
         }
     ]
+    assert (verdict["risk_files"], verdict["risk_files_by_stream"], verdict["base_given"]) == (
+        1,
+        {"A": 0, "B": 0, "C": 1, "none": 0},
+        True,
+    )
 
 
 def test_dir_spec_counts_tracked_ignored_files_like_git(repos: Repos, tmp_path: Path) -> None:
