@@ -1,9 +1,11 @@
 """sdist, wheel, installed and pypi sources, built from a tiny package inside the tests."""
 
+import base64
 import hashlib
 import os
 import subprocess
 import sys
+import tarfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,7 +127,7 @@ def test_installed_files_are_checked_against_record(
 ) -> None:
     site = tmp_path / "site"
     with zipfile.ZipFile(tiny.wheel) as wheel:  # a pure-Python install is an unpacked wheel
-        wheel.extractall(site)
+        wheel.extractall(site)  # noqa: S202 (a zip built by this test)
     monkeypatch.syspath_prepend(str(site))
     clean = forkaudit.diff("installed:tinypkg", f"git:{tiny.repo}", scope="tinypkg/")
     assert clean.summary()["total"] == 0
@@ -190,3 +192,53 @@ def test_pypi_offline_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.Mo
     _isolated_pip_env(monkeypatch, "http://127.0.0.1:9/simple")
     with pytest.raises(forkaudit.FetchError, match=r"no sdist of tinypkg==0\.1\.0 .*unreachable"):
         forkaudit.diff("pypi:tinypkg==0.1.0", "pypi:tinypkg==0.1.0", cache_dir=tmp_path)
+
+
+def _record_hash(data: bytes) -> str:
+    digest = hashlib.sha256(data).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def test_large_archive_members_are_hashed_as_git_does_and_checked_against_record(
+    tmp_path: Path,
+) -> None:
+    # Two large members of a wheel, one true to its RECORD hash, one not; the same content as
+    # an sdist (with a hard link) and as a directory must give the same blob ids.
+    large = b"0123456789abcdef" * (forkaudit.LARGE_FILE_BYTES // 16 + 1)
+    files = {"pkg/true.bin": large, "pkg/patched.bin": large[:-1] + b"!", "pkg/small.py": b"x\n"}
+    record = "".join(
+        f"{path},{_record_hash(large if path == 'pkg/patched.bin' else data)},{len(data)}\n"
+        for path, data in files.items()
+    )
+    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+        archive.writestr("pkg-1.0.dist-info/RECORD", record + "pkg-1.0.dist-info/RECORD,,\n")
+    tree = tmp_path / "tree"
+    for path, data in files.items():
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        (tree / path).write_bytes(data)
+    sdist = tmp_path / "pkg-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz", compresslevel=1) as archive:
+        for path in files:
+            archive.add(tree / path, f"pkg-1.0/{path}")
+        link = tarfile.TarInfo("pkg-1.0/pkg/linked.bin")
+        link.type, link.linkname = tarfile.LNKTYPE, "pkg-1.0/pkg/true.bin"
+        archive.addfile(link)
+    (tree / "pkg" / "linked.bin").write_bytes(large)
+
+    from_wheel = forkaudit.diff(f"wheel:{wheel}", f"dir:{tree}", scope="pkg/")
+    assert [m["path"] for m in from_wheel.record_mismatches["fork"]] == ["pkg/patched.bin"]
+    assert from_wheel.record_mismatches["fork"][0]["code"] == "content-differs"
+    # The wheel lacks only the hard link's copy; every other id matches the directory's.
+    assert [(f.status, f.path, f.large) for f in from_wheel.files] == [
+        ("D", "pkg/linked.bin", True)
+    ]
+    from_sdist = forkaudit.diff(f"sdist:{sdist}", f"dir:{tree}")
+    assert from_sdist.files == []
+    assert from_sdist.to_dict()["fork"] == {  # the same tree id git gives the directory
+        **from_sdist.to_dict()["upstream"],  # type: ignore[dict-item]
+        "spec": f"sdist:{sdist}",
+        "kind": "sdist",
+    }

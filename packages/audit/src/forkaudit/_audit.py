@@ -7,7 +7,7 @@ from pathlib import Path
 from forkaudit._artifacts import LEFT_OUT_REASONS, build_written_reason
 from forkaudit._errors import ScopeError
 from forkaudit._history import inspect_history
-from forkaudit._questions import ChangedFile, answer_questions
+from forkaudit._questions import ChangedFile, answer_questions, dtype_mentions
 from forkaudit._report import EXCERPT_CHARS, EXCERPT_LINES, AuditReport, FileReport
 from forkaudit._rules import Rules, load_rules
 from forkaudit._semantic import PythonFacts, SemanticDiff, compare_facts
@@ -82,12 +82,15 @@ def diff(
         [p for p in kept if p in large], upstream_side.entries, fork_side.entries
     )
     notes = semantic.notes_by_path()
-    files = [
-        _file_report(change, rule_set, _origin(change, fork_side, upstream_side, base_side), sizes)
-        for change in changes
-    ]
-    for file in files:
+    files, changed_files = [], []
+    for change in changes:
+        origin = _origin(change, fork_side, upstream_side, base_side)
+        lines = changed_lines(change.patch)
+        file = _file_report(change, lines, rule_set, origin, sizes)
         file.notes = notes.get(file.path, [])
+        files.append(file)
+        if file.ignored_by is None:
+            changed_files.append(_changed_file(file, lines))
     large_python = [f.path for f in files if f.large and f.path.endswith(".py")]
     counted = sum(f.ignored_by is None for f in files)
     return AuditReport(
@@ -106,7 +109,7 @@ def diff(
         semantic={**semantic.semantic(), "large_files": large_python},
         questions=answer_questions(
             semantic.facts,
-            [_changed_file(f) for f in files if f.ignored_by is None],
+            changed_files,
             [*semantic.parse_errors, *large_python],
             rule_set.semantic,
         ),
@@ -217,11 +220,15 @@ def _is_python(change: FileChange) -> bool:
 
 
 def _file_report(
-    change: FileChange, rules: Rules, origin: str | None, sizes: dict[str, dict[bytes, int]]
+    change: FileChange,
+    lines: list[bytes],
+    rules: Rules,
+    origin: str | None,
+    sizes: dict[str, dict[bytes, int]],
 ) -> FileReport:
+    """The report of one CHANGE, whose changed LINES come from its patch."""
     path = os.fsdecode(change.path)
     classification = rules.classify(path)
-    lines = changed_lines(change.patch)
     return FileReport(
         path=path,
         old_path=os.fsdecode(change.old_path) if change.old_path is not None else None,
@@ -247,14 +254,14 @@ def _file_report(
     )
 
 
-def _changed_file(file: FileReport) -> ChangedFile:
+def _changed_file(file: FileReport, lines: list[bytes]) -> ChangedFile:
     return ChangedFile(
         path=file.path,
         status=file.status,
         area=file.category,
         risk=file.risk,
-        keywords=tuple(file.keywords),
         vendor=file.origin != "upstream-drift",
+        mentions=dtype_mentions(lines),
     )
 
 

@@ -9,7 +9,7 @@ no evidence.
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from forkaudit._rules import SemanticRules
 from forkaudit._semantic import Fact
@@ -17,32 +17,28 @@ from forkaudit._semantic import Fact
 QuestionId = Literal[
     "fp8_kv_cache", "int8_kv_cache", "attention_backend", "backend_kv_cache_dtypes", "env_vars"
 ]
-QUESTIONS: tuple[QuestionId, ...] = (
-    "fp8_kv_cache",
-    "int8_kv_cache",
-    "attention_backend",
-    "backend_kv_cache_dtypes",
-    "env_vars",
-)
+QUESTIONS: tuple[QuestionId, ...] = get_args(QuestionId)
 
 #: yes: the semantic diff shows it; unknown: no fact shows it, but a changed Python file that
 #: could hold one was not read (it does not parse, or it is large); mentioned: no fact shows
 #: it, but the vendor's changed lines in a risk area name the dtype; no: none of these.
 AnswerKind = Literal["yes", "unknown", "mentioned", "no"]
-ANSWERS: tuple[AnswerKind, ...] = ("yes", "unknown", "mentioned", "no")
+ANSWERS: tuple[AnswerKind, ...] = get_args(AnswerKind)
 
 #: fact: one `Fact` of the semantic diff; file: a vendor change to a file of an attention
 #: backend area (the rules' `[semantic] backend_areas`); mention: a vendor change in a risk
-#: area whose changed lines hit the dtype's keyword (the rules' `keywords` must list it);
-#: unread: a changed Python file that was not parsed.
+#: area whose added lines name the dtype more or fewer times than its removed lines; unread: a
+#: changed Python file that was not parsed.
 EvidenceKind = Literal["fact", "file", "mention", "unread"]
+EVIDENCE_KINDS: tuple[EvidenceKind, ...] = get_args(EvidenceKind)
 
-# A dtype family is named at the start of a word: "int8" in `int8_t`, not in `uint8`.
-_DTYPE_FAMILIES: dict[QuestionId, re.Pattern[str]] = {
-    "fp8_kv_cache": re.compile(r"(?<![a-z0-9])fp8", re.IGNORECASE),
-    "int8_kv_cache": re.compile(r"(?<![a-z0-9])int8", re.IGNORECASE),
+# The dtype each dtype question asks about, named at the start of a word: "int8" in `int8_t`,
+# not in `uint8`.
+_DTYPES: dict[QuestionId, str] = {"fp8_kv_cache": "fp8", "int8_kv_cache": "int8"}
+_DTYPE_NAMES: dict[QuestionId, re.Pattern[str]] = {
+    question: re.compile(rf"(?<![a-z0-9]){dtype}", re.IGNORECASE)
+    for question, dtype in _DTYPES.items()
 }
-_FAMILY_KEYWORDS: dict[QuestionId, str] = {"fp8_kv_cache": "fp8", "int8_kv_cache": "int8"}
 
 
 @dataclass(frozen=True)
@@ -53,8 +49,22 @@ class ChangedFile:
     status: str
     area: str
     risk: bool
-    keywords: tuple[str, ...]
     vendor: bool
+    #: The dtype questions whose dtype the file's changed lines name (see `dtype_mentions`).
+    mentions: tuple[QuestionId, ...]
+
+
+def dtype_mentions(lines: list[bytes]) -> tuple[QuestionId, ...]:
+    """The dtype questions whose dtype the changed LINES (`+` or `-` first) name more often in
+    the added lines than in the removed ones, or less often: a line that lists a dtype beside
+    a new one, or that only moves, names it as often before as after."""
+    added = "\n".join(line[1:].decode("utf-8", "replace") for line in lines if line[:1] == b"+")
+    removed = "\n".join(line[1:].decode("utf-8", "replace") for line in lines if line[:1] == b"-")
+    return tuple(
+        question
+        for question, name in _DTYPE_NAMES.items()
+        if len(name.findall(added)) != len(name.findall(removed))
+    )
 
 
 @dataclass(frozen=True)
@@ -127,12 +137,9 @@ def answer_questions(
             if question != "env_vars" or path in rules.envs_files
         ]
         mentions = [
-            Evidence("mention", f.path, change=f.status, name=_FAMILY_KEYWORDS[question])
+            Evidence("mention", f.path, change=f.status, name=_DTYPES[question])
             for f in files
-            if question in _FAMILY_KEYWORDS
-            and f.vendor
-            and f.risk
-            and _FAMILY_KEYWORDS[question] in f.keywords
+            if f.vendor and f.risk and question in f.mentions
         ]
         if proof:
             answers.append(Answer(question, "yes", tuple(proof)))
@@ -147,12 +154,12 @@ def answer_questions(
 
 def _answers(question: QuestionId, fact: Fact) -> bool:
     """Whether FACT is evidence for QUESTION."""
-    if question in _DTYPE_FAMILIES:
-        family = _DTYPE_FAMILIES[question]
+    if question in _DTYPE_NAMES:
+        name = _DTYPE_NAMES[question]
         if fact.subject == "cache_dtype":
-            return bool(family.search(fact.name))
+            return bool(name.search(fact.name))
         if fact.subject == "backend_kv_cache_dtype":
-            return bool(family.search(fact.new or fact.old or ""))
+            return bool(name.search(fact.new or fact.old or ""))
         return False
     subject = {
         "attention_backend": "attention_backend",

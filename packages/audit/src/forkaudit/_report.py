@@ -3,7 +3,7 @@
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from forkaudit._artifacts import LEFT_OUT_REASONS
 from forkaudit._questions import Answer, Evidence
@@ -27,8 +27,10 @@ _RECORD_CHANGES: dict[str, ChangeKind] = {
     "content-differs": "record-content-differs",
     "unknown-algorithm": "record-unknown-algorithm",
 }
+CHANGE_KINDS: tuple[ChangeKind, ...] = get_args(ChangeKind)
 #: How a file was compared: line by line (text), as binary, or by blob id alone (large).
 ContentKind = Literal["text", "binary", "large"]
+CONTENT_KINDS: tuple[ContentKind, ...] = get_args(ContentKind)
 
 _LABELS = {
     "en": {

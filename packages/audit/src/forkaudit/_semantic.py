@@ -6,12 +6,14 @@ merged per side over all changed files, so a definition that moved between files
 
 import ast
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from forkaudit._rules import SemanticRules
 
 FactSubject = Literal["env_var", "cache_dtype", "attention_backend", "backend_kv_cache_dtype"]
+FACT_SUBJECTS: tuple[FactSubject, ...] = get_args(FactSubject)
 FactChange = Literal["added", "removed", "changed"]
+FACT_CHANGES: tuple[FactChange, ...] = get_args(FactChange)
 
 
 @dataclass
