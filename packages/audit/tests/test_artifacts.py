@@ -2,10 +2,12 @@
 
 import base64
 import hashlib
+import http.server
 import os
 import subprocess
 import sys
 import tarfile
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,3 +244,37 @@ def test_large_archive_members_are_hashed_as_git_does_and_checked_against_record
         "spec": f"sdist:{sdist}",
         "kind": "sdist",
     }
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        b"[" * 100_000 + b"]" * 100_000,  # nested deeper than the JSON parser recurses
+        b'{"files": [{"filename": 7, "url": "x"}]}',
+        b"not json",
+    ],
+)
+def test_a_malformed_index_page_is_a_one_line_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, page: bytes
+) -> None:
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        _isolated_pip_env(monkeypatch, f"http://127.0.0.1:{server.server_port}/simple")
+        with pytest.raises(forkaudit.FetchError) as raised:
+            forkaudit.diff("pypi:tinypkg==0.1.0", "pypi:tinypkg==0.1.0", cache_dir=tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert str(raised.value).endswith("not a simple-API JSON page (PEP 691))")

@@ -6,11 +6,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 import git
 import pytest
 
+import forkaudit
 from forkaudit.__main__ import main
 
 from conftest import Repos
@@ -374,3 +377,85 @@ def test_two_outputs_naming_one_file_are_refused(
     assert code == 2
     assert stderr == f"forkaudit: error: --json and --patch both name {out / 'audit.json'}\n"
     assert _hashes(tmp_path) == before
+
+
+def _nested(root: Path, depth: int) -> Path:
+    """A file DEPTH directories deep under ROOT (made one level at a time: pathlib's own
+    makedirs recurses)."""
+    root.mkdir()
+    directory = root
+    for _ in range(depth):
+        directory /= "d"
+        directory.mkdir()
+    (directory / "f.py").write_text("x = 1\n")
+    return root
+
+
+@pytest.fixture
+def hostile_sources(tmp_path: Path) -> dict[str, list[str]]:
+    """Sources a careless or hostile fork could ship, that once crashed or hung the audit."""
+    upstream = tmp_path / "upstream"
+    (upstream / "vllm").mkdir(parents=True)
+    (upstream / "vllm" / "envs.py").write_text("x = 1\n")
+    pipe = tmp_path / "pipe"
+    (pipe / "vllm").mkdir(parents=True)
+    os.mkfifo(pipe / "vllm" / "fifo")
+    bad_csv = tmp_path / "bad-csv.whl"
+    with zipfile.ZipFile(bad_csv, "w") as wheel:
+        wheel.writestr("vllm/envs.py", "x = 1\n")
+        wheel.writestr("vllm-0.1.dist-info/RECORD", '"' + "x" * 200_000 + "\n")
+    link = tmp_path / "link.tar.gz"
+    with tarfile.open(link, "w:gz") as sdist:
+        member = tarfile.TarInfo("vllm-0.1/vllm/envs.py")
+        member.type, member.linkname = tarfile.LNKTYPE, "vllm-0.1/vllm/missing.py"
+        sdist.addfile(member)
+    against = ["--upstream", f"dir:{upstream}"]
+    return {
+        "a pipe in the tree": ["diff", "--fork", f"dir:{pipe}", *against],
+        "a RECORD that is not CSV": ["diff", "--fork", f"wheel:{bad_csv}", *against],
+        "a hard link to nothing": ["diff", "--fork", f"sdist:{link}", *against],
+    }
+
+
+HOSTILE_MESSAGES = {
+    "a pipe in the tree": "fifo' is neither a file nor a symlink (a socket, pipe or device)",
+    "a RECORD that is not CSV": "RECORD is not a valid RECORD (CSV): field larger than field",
+    "a hard link to nothing": "'vllm-0.1/vllm/envs.py' is a hard link to 'vllm-0.1/vllm/missing",
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_MESSAGES))
+def test_a_hostile_source_is_one_line_exit_2(
+    case: str,
+    hostile_sources: dict[str, list[str]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = _outputs(tmp_path)
+    before = _hashes(out)
+    code, stdout, stderr = _run(capsys, *hostile_sources[case], "--json", str(out / "audit.json"))
+    assert (code, stdout) == (2, "")
+    assert stderr.startswith("forkaudit: error: ") and stderr.count("\n") == 1
+    assert HOSTILE_MESSAGES[case] in stderr
+    assert _hashes(out) == before
+
+
+def test_hostile_content_that_is_still_a_tree_is_audited(tmp_path: Path) -> None:
+    # Deeper than Python's recursion limit; an envs.py the parser cannot hold; a RECORD that
+    # names a hash of no fixed length.
+    upstream = tmp_path / "upstream"
+    (upstream / "vllm").mkdir(parents=True)
+    (upstream / "vllm" / "envs.py").write_text("x = 1\n")
+    fork = _nested(tmp_path / "fork", 1_500)
+    (fork / "vllm").mkdir()
+    (fork / "vllm" / "envs.py").write_text("x = " + "-" * 100_000 + "1\n")
+    report = forkaudit.diff(f"dir:{fork}", f"dir:{upstream}")
+    assert {f.path.count("/") for f in report.files} == {1, 1_500}
+    assert report.semantic["parse_errors"] == ["vllm/envs.py"]
+    assert {a.question: a.answer for a in report.questions}["env_vars"] == "unknown"
+    wheel = tmp_path / "shake.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("vllm/envs.py", "x = 1\n")
+        archive.writestr("vllm-0.1.dist-info/RECORD", "vllm/envs.py,shake_128=abc,6\n")
+    mismatches = forkaudit.diff(f"wheel:{wheel}", f"dir:{upstream}").record_mismatches["fork"]
+    assert [(m["path"], m["code"]) for m in mismatches] == [("vllm/envs.py", "unknown-algorithm")]

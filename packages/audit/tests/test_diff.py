@@ -7,6 +7,7 @@ from pathlib import Path
 
 import git
 import pytest
+from markdown_it import MarkdownIt
 
 import forkaudit
 
@@ -328,3 +329,21 @@ def test_large_git_blobs_are_never_read(tmp_path: Path, repos: Repos) -> None:
     from_dirs = forkaudit.diff(f"dir:{fork}", f"dir:{upstream}").to_dict()
     assert from_git["files"] == from_dirs["files"]
     assert from_git["fork"]["tree"] == git_cli(fork, "rev-parse", "HEAD^{tree}").decode().strip()  # type: ignore[index]
+
+
+def test_markdown_shows_names_from_the_fork_as_written(tmp_path: Path) -> None:
+    # A dunder path renders as bold in plain Markdown; names from a fork may hold any syntax.
+    hostile = "vllm/platforms/a|b`c*d*<!--x-->.py"
+    for side, body in (("upstream", "x = 1\n"), ("fork", "x = 2\n")):
+        for path in ("vllm/platforms/__init__.py", hostile):
+            (tmp_path / side / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / side / path).write_text(body)
+    report = forkaudit.diff(f"dir:{tmp_path / 'fork'}", f"dir:{tmp_path / 'upstream'}")
+    markdown = report.to_markdown()
+    assert "| `vllm/platforms/__init__.py` | M | +1/-1 |" in markdown
+    rendered = MarkdownIt("commonmark").enable("table").render(markdown)
+    assert "<strong>init</strong>" not in rendered
+    assert "<code>vllm/platforms/__init__.py</code>" in rendered
+    assert "<code>vllm/platforms/a|b`c*d*&lt;!--x--&gt;.py</code>" in rendered
+    assert "<!--" not in rendered.replace("&lt;!--", "")
+    assert "Stream -" not in markdown and "### Outside the plan's streams\n" in markdown

@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TypeAlias
+from typing import IO
 
 import git
 
@@ -478,44 +478,34 @@ def _open_installed(spec: str, name: str) -> Snapshot:
     return snapshot
 
 
-_TreeNode: TypeAlias = dict[bytes, "Entry | _TreeNode"]
-
-
-#: Directories a path may nest in: trees are hashed recursively, one level per call.
-MAX_PATH_DEPTH = 256
-
-
 def _hash_tree(entries: dict[bytes, Entry]) -> str:
-    """Build git tree objects for ENTRIES in memory and return the root tree's id."""
-    root: _TreeNode = {}
+    """The id of the root tree git would build for ENTRIES (as `git write-tree` does).
+
+    Directories are hashed deepest first, without recursion: a tree may nest deeper than
+    Python's recursion limit.
+    """
+    # Each directory's records: (sort key, name, mode, binary id); git sorts a subtree as if
+    # its name ended in "/".
+    records: dict[bytes, list[tuple[bytes, bytes, bytes, bytes]]] = {b"": []}
     for path, entry in entries.items():
-        node = root
-        *parents, name = path.split(b"/")
-        if len(parents) > MAX_PATH_DEPTH:
-            msg = (
-                f"path {os.fsdecode(path)[:80]!r}... nests {len(parents)} directories deep;"
-                f" at most {MAX_PATH_DEPTH} are supported"
-            )
+        parent, _, name = path.rpartition(b"/")
+        directory = parent
+        while directory not in records:  # every directory up to the root
+            records[directory] = []
+            directory = directory.rpartition(b"/")[0]
+        records[parent].append((name, name, entry.mode.encode(), bytes.fromhex(entry.oid)))
+    for directory in sorted(records, key=lambda d: d.count(b"/"), reverse=True):
+        if not directory:
+            continue
+        if directory in entries:
+            msg = f"a path lies under {os.fsdecode(directory)!r}, a file of the same name"
             raise SpecError(msg)
-        for parent in parents:
-            child = node.setdefault(parent, {})
-            if isinstance(child, Entry):
-                msg = f"path {os.fsdecode(path)!r} lies under a file of the same name"
-                raise SpecError(msg)
-            node = child
-        node[name] = entry
-    return _hash_tree_node(root)
+        parent, _, name = directory.rpartition(b"/")
+        tree = bytes.fromhex(_hash_records(records[directory]))
+        records[parent].append((name + b"/", name, _MODE_TREE.encode(), tree))
+    return _hash_records(records[b""])
 
 
-def _hash_tree_node(node: _TreeNode) -> str:
-    records = []  # (sort key, name, mode, binary id)
-    for name, child in node.items():
-        if isinstance(child, Entry):
-            records.append((name, name, child.mode.encode(), bytes.fromhex(child.oid)))
-        else:
-            # git sorts a subtree as if its name ended in "/".
-            subtree = bytes.fromhex(_hash_tree_node(child))
-            records.append((name + b"/", name, _MODE_TREE.encode(), subtree))
-    records.sort()
-    body = b"".join(mode + b" " + name + b"\0" + oid for _key, name, mode, oid in records)
+def _hash_records(records: list[tuple[bytes, bytes, bytes, bytes]]) -> str:
+    body = b"".join(mode + b" " + name + b"\0" + oid for _key, name, mode, oid in sorted(records))
     return hashlib.sha1(b"tree %d\0" % len(body) + body, usedforsecurity=False).hexdigest()
