@@ -71,7 +71,9 @@ def audit_record(
             "env_vars_removed": len(env["removed"]),
             "env_vars_default_changed": len(env["default_changed"]),
             # A finding is per (file, stream); the gate counts files, as a reviewer would.
-            "vendor_risk_changes": verdict["risk_files"],
+            "vendor_risk_changes": verdict["finding_files"],
+            "vendor_risk_files": verdict["risk_files"],
+            "record_mismatch_files": verdict["record_files"],
             "vendor_risk_stream_a": by_stream["A"],
             "vendor_risk_stream_b": by_stream["B"],
             "vendor_risk_stream_c": by_stream["C"],

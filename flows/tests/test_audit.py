@@ -255,15 +255,22 @@ def test_the_wheel_fork_record_carries_codes_for_every_left_out_file_and_record_
         (None, "vllm/worker.py", "record-content-differs")
     ]
     metrics = wheel_fork.metrics
-    assert (metrics["surprise"], metrics["vendor_risk_no_stream"], metrics["base_given"]) == (
-        True,
-        1,
-        False,
-    )
+    assert {k: metrics[k] for k in ("surprise", "vendor_risk_changes", "vendor_risk_files",
+                                    "record_mismatch_files", "vendor_risk_no_stream",
+                                    "base_given")} == {
+        "surprise": True,
+        "vendor_risk_changes": 1,
+        "vendor_risk_files": 0,
+        "record_mismatch_files": 1,
+        "vendor_risk_no_stream": 1,
+        "base_given": False,
+    }  # fmt: skip
     zh = render_block("audit-summary", {"audit": wheel_fork}, "zh")
+    # The patched file is no change in a risk area: it fails its RECORD check.
     assert zh.startswith(
-        "**结论:** 存在意外补丁：1 个差异文件中有 1 个是落在风险区域内的厂商改动"
-        "（不属于任何计划流：1）。未给出真实基线，因此所有改动都算作厂商改动。"
+        "**结论:** 存在意外补丁：1 个差异文件中有 0 个是落在风险区域内的厂商改动，"
+        "另有 1 个分支文件与 RECORD 哈希不符（不属于任何计划流：1）。"
+        "未给出真实基线，因此所有改动都算作厂商改动。"
     )
 
 

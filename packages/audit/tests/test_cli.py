@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import git
@@ -379,16 +380,27 @@ def test_two_outputs_naming_one_file_are_refused(
     assert _hashes(tmp_path) == before
 
 
-def _nested(root: Path, depth: int) -> Path:
-    """A file DEPTH directories deep under ROOT (made one level at a time: pathlib's own
-    makedirs recurses)."""
-    root.mkdir()
+# Deeper than Python's recursion limit, so deeper than any recursive walk can go.
+NESTED_DEPTH = 1_500
+
+
+@pytest.fixture
+def nested_tree(tmp_path: Path) -> Iterator[Path]:
+    """A tree with one file NESTED_DEPTH directories deep, made one level at a time (pathlib's
+    makedirs recurses) and removed the same way: `shutil.rmtree`, and so pytest's cleanup of
+    old temporary folders, would fail on it."""
+    root = tmp_path / "nested"
     directory = root
-    for _ in range(depth):
-        directory /= "d"
+    for _ in range(NESTED_DEPTH + 1):
         directory.mkdir()
-    (directory / "f.py").write_text("x = 1\n")
-    return root
+        directory /= "d"
+    deepest = directory.parent
+    (deepest / "f.py").write_text("x = 1\n")
+    yield root
+    (deepest / "f.py").unlink()
+    while deepest != root:
+        deepest.rmdir()
+        deepest = deepest.parent
 
 
 @pytest.fixture
@@ -440,17 +452,16 @@ def test_a_hostile_source_is_one_line_exit_2(
     assert _hashes(out) == before
 
 
-def test_hostile_content_that_is_still_a_tree_is_audited(tmp_path: Path) -> None:
-    # Deeper than Python's recursion limit; an envs.py the parser cannot hold; a RECORD that
-    # names a hash of no fixed length.
+def test_hostile_content_that_is_still_a_tree_is_audited(tmp_path: Path, nested_tree: Path) -> None:
+    # A tree nested deeper than Python's recursion limit; an envs.py the parser cannot hold; a
+    # RECORD that names a hash of no fixed length.
     upstream = tmp_path / "upstream"
     (upstream / "vllm").mkdir(parents=True)
     (upstream / "vllm" / "envs.py").write_text("x = 1\n")
-    fork = _nested(tmp_path / "fork", 1_500)
-    (fork / "vllm").mkdir()
-    (fork / "vllm" / "envs.py").write_text("x = " + "-" * 100_000 + "1\n")
-    report = forkaudit.diff(f"dir:{fork}", f"dir:{upstream}")
-    assert {f.path.count("/") for f in report.files} == {1, 1_500}
+    (nested_tree / "vllm").mkdir()
+    (nested_tree / "vllm" / "envs.py").write_text("x = " + "-" * 100_000 + "1\n")
+    report = forkaudit.diff(f"dir:{nested_tree}", f"dir:{upstream}")
+    assert {f.path.count("/") for f in report.files} == {1, NESTED_DEPTH}
     assert report.semantic["parse_errors"] == ["vllm/envs.py"]
     assert {a.question: a.answer for a in report.questions}["env_vars"] == "unknown"
     wheel = tmp_path / "shake.whl"

@@ -144,8 +144,9 @@ _LABELS: dict[str, dict[str, str]] = {
         "no-questions": "No question was answered: the audit recorded none.",
         "audit-surprise": (
             "Surprise patch: {risk} of {total} changed files are vendor changes in risk areas"
-            " ({streams})."
+            "{record} ({streams})."
         ),
+        "audit-record-files": ", {count} fork files fail their RECORD check",
         "audit-no-surprise": (
             "No surprise patch: none of {total} changed files is a vendor change in a risk area."
         ),
@@ -321,8 +322,9 @@ _LABELS: dict[str, dict[str, str]] = {
         "no-questions": "没有回答任何问题：审计没有记录问题。",
         "audit-surprise": (
             "存在意外补丁：{total} 个差异文件中有 {risk} 个是落在风险区域内的厂商改动"
-            "（{streams}）。"
+            "{record}（{streams}）。"
         ),
+        "audit-record-files": "，另有 {count} 个分支文件与 RECORD 哈希不符",
         "audit-no-surprise": "无意外补丁：{total} 个差异文件中没有落在风险区域内的厂商改动。",
         "audit-no-base": "未给出真实基线，因此所有改动都算作厂商改动。",
         "audit-stream-count": "计划流 {stream}：{count}",
@@ -521,9 +523,13 @@ def _audit_verdict(record: Record, lang: str) -> str:
     ]
     if m.get("vendor_risk_no_stream"):
         counts.append(label(lang, "audit-no-stream-count", count=str(m["vendor_risk_no_stream"])))
+    record_files = m.get("record_mismatch_files")
     fields = {
-        "risk": str(m.get("vendor_risk_changes")),
+        "risk": str(m.get("vendor_risk_files")),
         "total": str(m.get("files_total")),
+        "record": (
+            label(lang, "audit-record-files", count=str(record_files)) if record_files else ""
+        ),
         "streams": label(lang, "audit-list-separator").join(counts),
     }
     sentence = label(lang, "audit-surprise" if m["surprise"] else "audit-no-surprise", **fields)

@@ -357,20 +357,28 @@ class AuditReport:
         return findings
 
     def verdict(self) -> dict[str, object]:
-        """Surprise unless no vendor change (or unattributed change) falls in a risk area; the
-        counts behind it, and the same in one English line (`summary`)."""
+        """Surprise unless no vendor change (or unattributed change) falls in a risk area and
+        no fork file fails its RECORD check; the counts behind it, and the same in one English
+        line (`summary`).
+
+        `finding_files` counts the files of all findings (what the pipeline's gate judges);
+        `risk_files` the changed files among them, `record_files` those failing RECORD (a file
+        can be both); `risk_files_by_stream` the files of the findings of each stream.
+        """
         findings = self.findings()
         total = self.summary()["total"]
-        paths = {f.path for f in findings}
+        record_files = {f.path for f in findings if f.change.startswith("record-")}
+        risk_files = {f.path for f in findings if not f.change.startswith("record-")}
         per_stream = {
             key: len({f.path for f in findings if f.stream == stream})
             for key, stream in (*((s, s) for s in STREAMS), ("none", None))
         }
         if findings:
             streams = ", ".join(f"{s}: {n}" for s, n in per_stream.items() if n)
+            record = f", {len(record_files)} fail their RECORD check" if record_files else ""
             summary = (
-                f"Surprise patch: {len(paths)} of {total} changed files are vendor changes "
-                f"in risk areas ({streams})"
+                f"Surprise patch: {len(risk_files)} of {total} changed files are vendor changes "
+                f"in risk areas{record} ({streams})"
             )
         else:
             summary = (
@@ -383,7 +391,9 @@ class AuditReport:
             "surprise": bool(findings),
             "summary": summary,
             "changed_files": total,
-            "risk_files": len(paths),
+            "finding_files": len(risk_files | record_files),
+            "risk_files": len(risk_files),
+            "record_files": len(record_files),
             "risk_files_by_stream": per_stream,
             "base_given": self.base is not None,
             "findings": [f.to_dict() for f in findings],
