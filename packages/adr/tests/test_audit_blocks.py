@@ -9,8 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
-from adrkit import markdown_table
+from adrkit import Record, Table, markdown_table, render_block
 from adrkit._blocks import _LABELS, code_cell
+
+from conftest import make_record
 
 # What a fork's file names and changed lines may hold: Markdown and HTML syntax, table pipes,
 # line breaks and other control characters, undecodable path bytes (lone surrogates), CJK.
@@ -74,3 +76,60 @@ def test_every_audit_label_has_both_languages_and_the_same_fields() -> None:
     assert set(_LABELS["en"]) == set(_LABELS["zh"])
     for key, english in _LABELS["en"].items():
         assert set(fields.findall(english)) == set(fields.findall(_LABELS["zh"][key])), key
+
+
+# The audit tables' columns, as flows/audit.py writes them.
+AUDIT_TABLES = {
+    "questions": ["question", "answer", "kind", "subject", "change", "name", "old", "new", "path"],
+    "findings": [
+        "stream", "path", "old_path", "area", "change", "old_mode", "new_mode", "content",
+        "lines_added", "lines_removed", "keywords", "excerpt",
+    ],
+    "changes": [
+        "status", "path", "old_path", "category", "change", "old_mode", "new_mode", "content",
+        "lines_added", "lines_removed", "streams", "origin",
+    ],
+    "left-out": ["path", "side", "code"],
+}  # fmt: skip
+AUDIT_BLOCKS = ["audit-summary", "audit-questions", "audit-findings", "audit-changes",
+                "audit-left-out"]  # fmt: skip
+CELLS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    HOSTILE,
+    st.sampled_from(["text", "binary", "large", "fact", "file", "A", "renamed", "yes"]),
+)
+COUNTS = st.one_of(st.none(), st.booleans(), st.integers(), HOSTILE)
+
+
+@given(st.data())
+def test_audit_blocks_render_any_record_cells_without_a_comment_or_a_crash(
+    data: st.DataObject,
+) -> None:
+    tables = {
+        name: Table(columns, data.draw(st.lists(st.lists(CELLS, min_size=len(columns),
+                                                         max_size=len(columns)), max_size=3)))
+        for name, columns in AUDIT_TABLES.items()
+    }  # fmt: skip
+    metrics = {
+        key: data.draw(COUNTS)
+        for key in ("files_total", "vendor_risk_files", "vendor_risk_stream_a",
+                    "record_mismatch_files", "vendor_risk_no_stream")
+    }  # fmt: skip
+    record = make_record()
+    record = Record(
+        stage="audit",
+        status="passed",
+        provenance=record.provenance,
+        metrics={**metrics, "surprise": data.draw(st.booleans()), "base_given": False},
+        tables=tables,
+    )
+    for block in AUDIT_BLOCKS:
+        for lang in ("en", "zh"):
+            rendered = render_block(block, {"audit": record}, lang)
+            # Of the summary, the verdict sentence is composed here; its table of metrics shows
+            # each value through `markdown_table`'s own escaping.
+            shown = rendered.split("\n\n")[0] if block == "audit-summary" else rendered
+            assert "<!--" not in shown and "-->" not in shown, (block, shown)

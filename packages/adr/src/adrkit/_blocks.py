@@ -513,7 +513,7 @@ def _audit_verdict(record: Record, lang: str) -> str:
     if not isinstance(m.get("surprise"), bool):
         return record.summary
     counts = [
-        label(lang, "audit-stream-count", stream=stream, count=str(m.get(key)))
+        label(lang, "audit-stream-count", stream=stream, count=_count(m.get(key)))
         for stream, key in (
             ("A", "vendor_risk_stream_a"),
             ("B", "vendor_risk_stream_b"),
@@ -522,13 +522,15 @@ def _audit_verdict(record: Record, lang: str) -> str:
         if m.get(key)
     ]
     if m.get("vendor_risk_no_stream"):
-        counts.append(label(lang, "audit-no-stream-count", count=str(m["vendor_risk_no_stream"])))
+        counts.append(
+            label(lang, "audit-no-stream-count", count=_count(m["vendor_risk_no_stream"]))
+        )
     record_files = m.get("record_mismatch_files")
     fields = {
-        "risk": str(m.get("vendor_risk_files")),
-        "total": str(m.get("files_total")),
+        "risk": _count(m.get("vendor_risk_files")),
+        "total": _count(m.get("files_total")),
         "record": (
-            label(lang, "audit-record-files", count=str(record_files)) if record_files else ""
+            label(lang, "audit-record-files", count=_count(record_files)) if record_files else ""
         ),
         "streams": label(lang, "audit-list-separator").join(counts),
     }
@@ -587,6 +589,21 @@ def _code_fields(row: Mapping[str, Scalar], *keys: str) -> dict[str, str]:
     return {key: code_cell(str(row[key])) for key in keys if row.get(key) is not None}
 
 
+_STREAMS = frozenset({"A", "B", "C"})
+_STATUSES = frozenset({"A", "M", "D", "R"})
+
+
+def _known(value: Scalar, known: frozenset[str]) -> Markdown:
+    """VALUE as it is when it is one of KNOWN (a stream, a git status), else as code."""
+    return Markdown(value) if value in known and isinstance(value, str) else code_cell(str(value))
+
+
+def _count(value: Scalar) -> str:
+    """A count from a record: a whole number as it is, anything else as code."""
+    is_count = isinstance(value, int) and not isinstance(value, bool)
+    return str(value) if is_count else code_cell(str(value))
+
+
 def _lines(cells: Sequence[str]) -> Markdown | None:
     return Markdown("<br>".join(cells)) if cells else None
 
@@ -635,7 +652,7 @@ def _change(row: Mapping[str, Scalar], lang: str) -> Markdown:
     if row["content"] is None:
         return what
     if row["content"] == "text":
-        size = f"+{row['lines_added']}/-{row['lines_removed']}"
+        size = f"+{_count(row['lines_added'])}/-{_count(row['lines_removed'])}"
     else:
         size = _word(lang, "content", row["content"])
     return Markdown(what + label(lang, "audit-list-separator") + size)
@@ -650,7 +667,7 @@ def _present_findings(table: Table, lang: str) -> tuple[list[str], list[list[Sca
         change = tuple(v for k, v in row.items() if k != "stream")
         stream = row["stream"]
         streams.setdefault(change, []).append(
-            label(lang, "audit-no-stream") if stream is None else str(stream)
+            label(lang, "audit-no-stream") if stream is None else _known(stream, _STREAMS)
         )
     rows: list[list[Scalar]] = []
     for change, touched in streams.items():
@@ -662,7 +679,7 @@ def _present_findings(table: Table, lang: str) -> tuple[list[str], list[list[Sca
             shown.append("…")
         rows.append(
             [
-                ",".join(touched),
+                Markdown(",".join(touched)),
                 code_cell(str(row["path"])),
                 code_cell(str(row["area"])),
                 _change(row, lang),
@@ -675,10 +692,12 @@ def _present_findings(table: Table, lang: str) -> tuple[list[str], list[list[Sca
 def _present_changes(table: Table, lang: str) -> tuple[list[str], list[list[Scalar]]]:
     rows: list[list[Scalar]] = [
         [
-            row["status"],
+            _known(row["status"], _STATUSES),
             code_cell(str(row["path"])),
             code_cell(str(row["category"])),
-            row["streams"],
+            None
+            if row["streams"] is None
+            else Markdown(",".join(_known(s, _STREAMS) for s in str(row["streams"]).split(","))),
             None if row["origin"] is None else _word(lang, "origin", row["origin"]),
             _change(row, lang),
         ]
