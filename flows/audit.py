@@ -14,7 +14,7 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.states import State
 
 import forkaudit
-from adrkit import Record, Table, utc_now, write_record
+from adrkit import Record, Scalar, Table, utc_now, write_record
 from flows._stage import RunContext, build_record, publish
 
 STAGE = "audit"
@@ -40,11 +40,13 @@ def diff_fork(fork: str, upstream: str, scope: str | None, cache_dir: Path | Non
 def audit_record(
     ctx: RunContext, started_at: str, report: dict[str, Any], artifacts: dict[str, str]
 ) -> Record:
-    """Turn forkaudit's JSON report into the stage's record."""
+    """Turn forkaudit's JSON report into the stage's record.
+
+    The record carries codes and figures, never forkaudit's English sentences, so that the ADR
+    writer can say them in each ADR's language (see adrkit's audit blocks).
+    """
     summary, verdict, env = report["summary"], report["verdict"], report["env_vars"]
-    findings = verdict["findings"]
-    # A finding is per (file, stream); the gate counts files, as a reviewer would.
-    risky_files = len({finding["path"] for finding in findings})
+    by_stream = verdict["risk_files_by_stream"]
     fork = report.get("fork") or {}
     return build_record(
         ctx,
@@ -63,40 +65,89 @@ def audit_record(
             "files_deleted": summary["deleted"],
             "files_renamed": summary["renamed"],
             "files_binary": summary["binary"],
+            "files_large": summary["large"],
             "files_left_out": len(report.get("left_out", [])),
             "env_vars_added": len(env["added"]),
             "env_vars_removed": len(env["removed"]),
             "env_vars_default_changed": len(env["default_changed"]),
-            "vendor_risk_changes": risky_files,
+            # A finding is per (file, stream); the gate counts files, as a reviewer would.
+            "vendor_risk_changes": verdict["finding_files"],
+            "vendor_risk_files": verdict["risk_files"],
+            "record_mismatch_files": verdict["record_files"],
+            "vendor_risk_stream_a": by_stream["A"],
+            "vendor_risk_stream_b": by_stream["B"],
+            "vendor_risk_stream_c": by_stream["C"],
+            "vendor_risk_no_stream": by_stream["none"],
+            "surprise": verdict["surprise"],
+            "base_given": verdict["base_given"],
+            "large_file_bytes": report["large_file_bytes"],
         },
         tables={
-            "findings": Table(
-                ["stream", "path", "reason"],
-                [[f["stream"], f["path"], f["reason"]] for f in findings],
-            ),
-            "changes": Table(
-                ["status", "path", "area", "streams", "origin", "lines"],
+            "questions": Table(
+                QUESTION_COLUMNS,
                 [
-                    [
-                        f["status"],
-                        f"{f['old_path']} → {f['path']}" if f["old_path"] else f["path"],
-                        f["category"],
-                        ",".join(f["streams"]) or None,
-                        f["origin"],
-                        "binary" if f["binary"] else f"+{f['lines_added']}/-{f['lines_removed']}",
-                    ]
-                    for f in report["files"]
+                    _cells({**answer, **evidence}, QUESTION_COLUMNS)
+                    for answer in report["questions"]
+                    for evidence in answer["evidence"] or [{"kind": None}]
                 ],
             ),
+            "findings": Table(
+                FINDING_COLUMNS, [_cells(f, FINDING_COLUMNS) for f in verdict["findings"]]
+            ),
+            "changes": Table(CHANGE_COLUMNS, [_cells(f, CHANGE_COLUMNS) for f in report["files"]]),
             "left-out": Table(
-                ["path", "side", "reason"],
-                [[f["path"], f["side"], f["reason"]] for f in report.get("left_out", [])],
+                LEFT_OUT_COLUMNS, [_cells(f, LEFT_OUT_COLUMNS) for f in report["left_out"]]
             ),
         },
         artifacts=artifacts,
         fork_commit=fork.get("commit"),
         fork_tree=fork.get("tree"),
     )
+
+
+# The record's tables: forkaudit's JSON fields, by their JSON names. A question has one row per
+# piece of evidence (`kind` is the evidence's), or one row without evidence.
+QUESTION_COLUMNS = ["question", "answer", "kind", "subject", "change", "name", "old", "new", "path"]
+FINDING_COLUMNS = [
+    "stream",
+    "path",
+    "old_path",
+    "area",
+    "change",
+    "old_mode",
+    "new_mode",
+    "content",
+    "lines_added",
+    "lines_removed",
+    "keywords",
+    "excerpt",
+]
+CHANGE_COLUMNS = [
+    "status",
+    "path",
+    "old_path",
+    "category",
+    "change",
+    "old_mode",
+    "new_mode",
+    "content",
+    "lines_added",
+    "lines_removed",
+    "streams",
+    "origin",
+]
+LEFT_OUT_COLUMNS = ["path", "side", "code"]
+
+
+def _cells(item: dict[str, Any], columns: list[str]) -> list[Scalar]:
+    """ITEM's fields as table cells; a list, which no cell holds, is joined: a finding's changed
+    lines by line breaks, keywords and streams by commas."""
+    return [
+        ("\n" if column == "excerpt" else ",").join(value) or None
+        if isinstance(value := item.get(column), list)
+        else value
+        for column in columns
+    ]
 
 
 @flow(name="audit", flow_run_name="audit-{run_id}", log_prints=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import git
 import pytest
+from markdown_it import MarkdownIt
 
 import forkaudit
 
@@ -167,9 +168,23 @@ def test_attribution_against_the_true_base(repos: Repos) -> None:
             "stream": "C",
             "path": "vllm/platforms/rocm.py",
             "area": "platform",
+            "change": "modified",
             "reason": "modified in platform (+1/-1); keywords: hygon, dtk, rocm",
+            "old_path": None,
+            "old_mode": "100644",
+            "new_mode": "100644",
+            "content": "text",
+            "lines_added": 1,
+            "lines_removed": 1,
+            "keywords": ["hygon", "dtk", "rocm"],
+            "excerpt": ["-    return 'rocm'", "+    return 'hygon dtk'"],
         }
     ]
+    assert (verdict["risk_files"], verdict["risk_files_by_stream"], verdict["base_given"]) == (
+        1,
+        {"A": 0, "B": 0, "C": 1, "none": 0},
+        True,
+    )
 
 
 def test_dir_spec_counts_tracked_ignored_files_like_git(repos: Repos, tmp_path: Path) -> None:
@@ -238,3 +253,97 @@ def test_scope_matching_one_side_only_is_a_deletion(repos: Repos) -> None:
         str(repos.fork2), f"git:{repos.upstream}@v0.2.0", scope="vllm/new_feature"
     )
     assert [(f.status, f.path) for f in report.files] == [("D", "vllm/new_feature.py")]
+
+
+LARGE = forkaudit.LARGE_FILE_BYTES + 1
+
+
+def _large_trees(root: Path) -> tuple[Path, Path]:
+    """Two directory trees, each with large files one byte over the large-file size: one
+    changed, one only in the fork, one moved unchanged, and a large envs.py."""
+    big = bytes(range(256)) * (LARGE // 256) + b"x" * (LARGE % 256)
+    files = {
+        "upstream": {
+            "vllm/worker.py": b"def run():\n    return 1\n",
+            "vllm/data/changed.bin": big,
+            "vllm/data/old_place.bin": big[::-1],
+            "vllm/envs.py": b"#" * LARGE,
+        },
+        "fork": {
+            "vllm/worker.py": b"def run():\n    return 2\n",
+            "vllm/data/changed.bin": big[:-1] + b"y",
+            "vllm/data/new_place.bin": big[::-1],
+            "vllm/data/added.txt": b"line\n" * (LARGE // 5 + 1),
+            "vllm/envs.py": b"#" * (LARGE + 1),
+        },
+    }
+    for side, tree in files.items():
+        for path, data in tree.items():
+            (root / side / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / side / path).write_bytes(data)
+    return root / "upstream", root / "fork"
+
+
+def test_large_files_are_compared_by_blob_id_and_reported_without_lines(tmp_path: Path) -> None:
+    upstream, fork = _large_trees(tmp_path)
+    report = forkaudit.diff(f"dir:{fork}", f"dir:{upstream}")
+    files = {f.path: f for f in report.files}
+    assert {(f.status, f.path, f.old_path, f.large) for f in report.files} == {
+        ("M", "vllm/worker.py", None, False),
+        ("M", "vllm/data/changed.bin", None, True),
+        ("R", "vllm/data/new_place.bin", "vllm/data/old_place.bin", True),
+        ("A", "vllm/data/added.txt", None, True),
+        ("M", "vllm/envs.py", None, True),
+    }
+    changed = files["vllm/data/changed.bin"]
+    assert (changed.lines_added, changed.lines_removed, changed.binary) == (None, None, False)
+    assert (changed.old_size, changed.new_size) == (LARGE, LARGE)
+    assert files["vllm/data/added.txt"].old_size is None
+    assert files["vllm/worker.py"].excerpt == ["-    return 1", "+    return 2"]
+    # The ids are git's own, so a large file equal on both sides would not differ at all.
+    assert changed.to_dict()["content"] == "large"
+    summary = report.summary()
+    assert (summary["total"], summary["large"], summary["lines_added"]) == (5, 4, 1)
+    # Only the small file is in the patch; the report says why the others are not.
+    assert report.patch().count("diff --git ") == 1
+    assert "vllm/worker.py" in report.patch()
+    markdown = report.to_markdown()
+    assert f"Files over {forkaudit.LARGE_FILE_BYTES} bytes are compared by blob id only" in markdown
+    assert f"| `vllm/data/changed.bin` | M | {LARGE} → {LARGE} |" in markdown
+    # A large envs.py is not parsed, so the env var question cannot be answered.
+    answers = {a.question: a for a in report.questions}
+    assert answers["env_vars"].answer == "unknown"
+    assert [e.path for e in answers["env_vars"].evidence] == ["vllm/envs.py"]
+    assert report.to_dict()["semantic"]["large_files"] == ["vllm/envs.py"]  # type: ignore[index]
+
+
+def test_large_git_blobs_are_never_read(tmp_path: Path, repos: Repos) -> None:
+    # git sides tell a blob's size without reading it; both sides' large files are compared
+    # by id, the same answer as for the directories they were committed from.
+    upstream, fork = _large_trees(tmp_path)
+    for tree in (upstream, fork):
+        repo = git.Repo.init(tree)
+        repo.git.add("--all")
+        repo.git.commit("--quiet", "-m", "tree", "--author", "T <t@example.com>")
+    from_git = forkaudit.diff(f"git:{fork}@HEAD", f"git:{upstream}@HEAD").to_dict()
+    from_dirs = forkaudit.diff(f"dir:{fork}", f"dir:{upstream}").to_dict()
+    assert from_git["files"] == from_dirs["files"]
+    assert from_git["fork"]["tree"] == git_cli(fork, "rev-parse", "HEAD^{tree}").decode().strip()  # type: ignore[index]
+
+
+def test_markdown_shows_names_from_the_fork_as_written(tmp_path: Path) -> None:
+    # A dunder path renders as bold in plain Markdown; names from a fork may hold any syntax.
+    hostile = "vllm/platforms/a|b`c*d*<!--x-->.py"
+    for side, body in (("upstream", "x = 1\n"), ("fork", "x = 2\n")):
+        for path in ("vllm/platforms/__init__.py", hostile):
+            (tmp_path / side / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / side / path).write_text(body)
+    report = forkaudit.diff(f"dir:{tmp_path / 'fork'}", f"dir:{tmp_path / 'upstream'}")
+    markdown = report.to_markdown()
+    assert "| `vllm/platforms/__init__.py` | M | +1/-1 |" in markdown
+    rendered = MarkdownIt("commonmark").enable("table").render(markdown)
+    assert "<strong>init</strong>" not in rendered
+    assert "<code>vllm/platforms/__init__.py</code>" in rendered
+    assert "<code>vllm/platforms/a|b`c*d*&lt;!--x--&gt;.py</code>" in rendered
+    assert "<!--" not in rendered.replace("&lt;!--", "")
+    assert "Stream -" not in markdown and "### Outside the plan's streams\n" in markdown

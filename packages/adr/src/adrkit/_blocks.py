@@ -19,6 +19,14 @@ from adrkit._record import Record, Scalar, Table
 Records = Mapping[str, Record]
 Renderer = Callable[[Records, str], str]
 
+
+class Markdown(str):
+    """A table cell a renderer has already written as Markdown, every piece of record text in it
+    escaped (see `code_cell`); `markdown_table` keeps it as it is."""
+
+    __slots__ = ()
+
+
 # Labels for record fields, metric ids and table column ids. An id with no label shows as-is.
 _LABELS: dict[str, dict[str, str]] = {
     "en": {
@@ -145,6 +153,79 @@ _LABELS: dict[str, dict[str, str]] = {
         "max_tokens": "Max tokens",
         "max_seqs": "Max sequences",
         "source_kind": "Source",
+        # The audit blocks (ADR 0012): display columns, then codes of forkaudit's report.
+        "files_large": "Large files (compared by hash only)",
+        "question": "Question",
+        "answer": "Answer",
+        "evidence": "Evidence",
+        "change": "Change",
+        "excerpt": "Changed lines",
+        "no-questions": "No question was answered: the audit recorded none.",
+        "audit-surprise": (
+            "Surprise patch: {risk} of {total} changed files are vendor changes in risk areas"
+            "{record} ({streams})."
+        ),
+        "audit-record-files": ", {count} fork files fail their RECORD check",
+        "audit-no-surprise": (
+            "No surprise patch: none of {total} changed files is a vendor change in a risk area."
+        ),
+        "audit-no-base": "No base was given, so every change counts as the vendor's.",
+        "audit-stream-count": "stream {stream}: {count}",
+        "audit-no-stream-count": "outside the streams: {count}",
+        "audit-list-separator": ", ",
+        "audit-no-stream": "none",
+        "question:fp8_kv_cache": "Did the vendor add or change an FP8 KV cache?",
+        "question:int8_kv_cache": "Did the vendor add or change an INT8 KV cache?",
+        "question:attention_backend": "Did the vendor add or change an attention backend?",
+        "question:backend_kv_cache_dtypes": (
+            "Did the KV-cache dtypes an attention backend accepts change?"
+        ),
+        "question:env_vars": "Were env vars added, removed, or their defaults changed?",
+        "answer:yes": "Yes",
+        "answer:no": "No",
+        "answer:mentioned": "Not in the declared dtypes; the vendor's changed lines name it",
+        "answer:unknown": "Cannot tell: a changed file could not be parsed",
+        "fact:cache_dtype:added": "KV-cache dtype {name} added",
+        "fact:cache_dtype:removed": "KV-cache dtype {name} removed",
+        "fact:backend_kv_cache_dtype:added": "{name} now accepts {new}",
+        "fact:backend_kv_cache_dtype:removed": "{name} no longer accepts {old}",
+        "fact:attention_backend:added": "backend {name} registered ({new})",
+        "fact:attention_backend:removed": "backend {name} removed (was {old})",
+        "fact:attention_backend:changed": "backend {name} now points to {new} (was {old})",
+        "fact:env_var:added": "env var {name} added (default {new})",
+        "fact:env_var:removed": "env var {name} removed (default was {old})",
+        "fact:env_var:changed": "default of {name} changed from {old} to {new}",
+        "evidence:file": "backend code changed ({change})",
+        "evidence:mention": "changed lines name {name}",
+        "evidence:unread": "not parsed",
+        "evidence-in": "{what}: {path}",
+        "change:added": "added",
+        "change:deleted": "deleted",
+        "change:modified": "modified",
+        "change:renamed": "renamed from {old_path}",
+        "change:mode-changed": "mode {old_mode} → {new_mode}",
+        "change:record-missing": "patched after install: listed in RECORD but missing",
+        "change:record-content-differs": (
+            "patched after install: content does not match its RECORD hash"
+        ),
+        "change:record-unknown-algorithm": (
+            "patched after install: RECORD names an unknown hash algorithm"
+        ),
+        "content:binary": "binary",
+        "content:large": "large file, compared by hash only",
+        "origin:vendor": "vendor",
+        "origin:upstream-drift": "upstream drift",
+        "origin:both": "both",
+        "side:fork": "fork",
+        "side:upstream": "upstream",
+        "side:both": "both",
+        "left-out:sdist-metadata": "sdist metadata written by the build",
+        "left-out:egg-info-metadata": "egg-info metadata written by the build",
+        "left-out:wheel-metadata": "wheel metadata written by the build",
+        "left-out:compiled-output": "compiled build output",
+        "left-out:egg-info-section": "[egg_info] section written by the sdist build",
+        "left-out:generated-version-file": "version file generated at build time",
+        "left-out:exec-bit-only": "only the executable bit differs, which wheels do not keep",
     },
     "zh": {
         "stage": "阶段",
@@ -264,6 +345,71 @@ _LABELS: dict[str, dict[str, str]] = {
         "max_tokens": "最大 token 数",
         "max_seqs": "最大序列数",
         "source_kind": "来源",
+        # 审计区块（ADR 0012）：显示列，以及 forkaudit 报告中的代码。
+        "files_large": "大文件（仅按哈希比较）",
+        "question": "问题",
+        "answer": "回答",
+        "evidence": "依据",
+        "change": "改动",
+        "excerpt": "改动行",
+        "no-questions": "没有回答任何问题：审计没有记录问题。",
+        "audit-surprise": (
+            "存在意外补丁：{total} 个差异文件中有 {risk} 个是落在风险区域内的厂商改动"
+            "{record}（{streams}）。"
+        ),
+        "audit-record-files": "，另有 {count} 个分支文件与 RECORD 哈希不符",
+        "audit-no-surprise": "无意外补丁：{total} 个差异文件中没有落在风险区域内的厂商改动。",
+        "audit-no-base": "未给出真实基线，因此所有改动都算作厂商改动。",
+        "audit-stream-count": "计划流 {stream}：{count}",
+        "audit-no-stream-count": "不属于任何计划流：{count}",
+        "audit-list-separator": "，",
+        "audit-no-stream": "无",
+        "question:fp8_kv_cache": "厂商是否新增或修改了 FP8 KV 缓存？",
+        "question:int8_kv_cache": "厂商是否新增或修改了 INT8 KV 缓存？",
+        "question:attention_backend": "厂商是否新增或修改了注意力后端？",
+        "question:backend_kv_cache_dtypes": "注意力后端接受的 KV 缓存数据类型是否有变化？",
+        "question:env_vars": "是否新增、删除环境变量，或修改了其默认值？",
+        "answer:yes": "是",
+        "answer:no": "否",
+        "answer:mentioned": "声明的数据类型未变；厂商的改动行中提到了它",
+        "answer:unknown": "无法判定：有改动文件未能解析",
+        "fact:cache_dtype:added": "新增 KV 缓存数据类型 {name}",
+        "fact:cache_dtype:removed": "删除 KV 缓存数据类型 {name}",
+        "fact:backend_kv_cache_dtype:added": "{name} 新增支持 {new}",
+        "fact:backend_kv_cache_dtype:removed": "{name} 不再支持 {old}",
+        "fact:attention_backend:added": "新注册后端 {name}（{new}）",
+        "fact:attention_backend:removed": "删除后端 {name}（原为 {old}）",
+        "fact:attention_backend:changed": "后端 {name} 改为指向 {new}（原为 {old}）",
+        "fact:env_var:added": "新增环境变量 {name}（默认值 {new}）",
+        "fact:env_var:removed": "删除环境变量 {name}（原默认值 {old}）",
+        "fact:env_var:changed": "{name} 的默认值由 {old} 改为 {new}",
+        "evidence:file": "后端代码有改动（{change}）",
+        "evidence:mention": "改动行中提到 {name}",
+        "evidence:unread": "未能解析",
+        "evidence-in": "{what}：{path}",
+        "change:added": "新增",
+        "change:deleted": "删除",
+        "change:modified": "修改",
+        "change:renamed": "由 {old_path} 重命名",
+        "change:mode-changed": "权限位 {old_mode} → {new_mode}",
+        "change:record-missing": "安装后被修改：RECORD 中列出但文件缺失",
+        "change:record-content-differs": "安装后被修改：内容与 RECORD 中的哈希不符",
+        "change:record-unknown-algorithm": "安装后被修改：RECORD 使用了未知的哈希算法",
+        "content:binary": "二进制",
+        "content:large": "大文件，仅按哈希比较",
+        "origin:vendor": "厂商",
+        "origin:upstream-drift": "上游演进",
+        "origin:both": "两者都有",
+        "side:fork": "厂商分支",
+        "side:upstream": "上游",
+        "side:both": "两侧",
+        "left-out:sdist-metadata": "构建生成的 sdist 元数据",
+        "left-out:egg-info-metadata": "构建生成的 egg-info 元数据",
+        "left-out:wheel-metadata": "构建生成的 wheel 元数据",
+        "left-out:compiled-output": "编译产物",
+        "left-out:egg-info-section": "sdist 构建写入的 [egg_info] 小节",
+        "left-out:generated-version-file": "构建时生成的版本文件",
+        "left-out:exec-bit-only": "只有可执行位不同，而 wheel 不保留可执行位",
     },
 }
 
@@ -336,20 +482,26 @@ _TRANSLATED_CELLS = frozenset(
 
 
 def _cell(lang: str, value: Scalar) -> str:
+    """A table cell as Markdown: a `Markdown` value as its renderer wrote it, anything else
+    shown in the ADR's words and escaped."""
+    if isinstance(value, Markdown):
+        return value
     if isinstance(value, str) and value in _TRANSLATED_CELLS:
-        return label(lang, value)
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+        text = label(lang, value)
+    elif value is None:
+        text = "—"
+    elif isinstance(value, float):
+        text = f"{value:.4g}"
+    else:
+        text = str(value)
+    return markdown_text(text)
 
 
 def markdown_table(lang: str, columns: Sequence[str], rows: Sequence[Sequence[Scalar]]) -> str:
     """A Markdown table: ``columns`` are ids shown by their labels, each cell escaped."""
     header = "| " + " | ".join(markdown_text(label(lang, c)) for c in columns) + " |"
     rule = "|" + "---|" * len(columns)
-    body = ["| " + " | ".join(markdown_text(_cell(lang, v)) for v in row) + " |" for row in rows]
+    body = ["| " + " | ".join(_cell(lang, v) for v in row) + " |" for row in rows]
     return "\n".join([header, rule, *body])
 
 
@@ -421,6 +573,7 @@ _AUDIT_SUMMARY_METRICS = (
     "files_deleted",
     "files_renamed",
     "files_binary",
+    "files_large",
     "files_left_out",
     "env_vars_added",
     "env_vars_removed",
@@ -430,17 +583,241 @@ _AUDIT_SUMMARY_METRICS = (
 
 
 def render_audit_summary(records: Records, lang: str) -> str:
-    """ADR 0012: what differs between the fork and upstream, in counts, and the verdict."""
+    """ADR 0012: the verdict, in the ADR's language, and what differs, in counts."""
     record = _require(records, "audit", lang)
     if isinstance(record, str):
         return record
-    parts = [f"**{markdown_text(label(lang, 'verdict'))}:** {markdown_text(record.summary)}"]
+    parts = [f"**{markdown_text(label(lang, 'verdict'))}:** {_audit_verdict(record, lang)}"]
     if record.status != "skipped" and record.metrics:
         parts += [_metrics_table(record, lang, _AUDIT_SUMMARY_METRICS), _gate_table(record, lang)]
     elif record.reason:
         parts.append(markdown_text(record.reason))
     parts.append(source_line(record, lang))
     return "\n\n".join(parts)
+
+
+def _audit_verdict(record: Record, lang: str) -> str:
+    """The verdict sentence, composed from the record's counts; a record without them (a crashed
+    or skipped stage, or one written before they were recorded) shows its own summary."""
+    m = record.metrics
+    if not isinstance(m.get("surprise"), bool):
+        return markdown_text(record.summary)
+    counts = [
+        label(lang, "audit-stream-count", stream=stream, count=_count(m.get(key)))
+        for stream, key in (
+            ("A", "vendor_risk_stream_a"),
+            ("B", "vendor_risk_stream_b"),
+            ("C", "vendor_risk_stream_c"),
+        )
+        if m.get(key)
+    ]
+    if m.get("vendor_risk_no_stream"):
+        counts.append(
+            label(lang, "audit-no-stream-count", count=_count(m["vendor_risk_no_stream"]))
+        )
+    record_files = m.get("record_mismatch_files")
+    fields = {
+        "risk": _count(m.get("vendor_risk_files")),
+        "total": _count(m.get("files_total")),
+        "record": (
+            label(lang, "audit-record-files", count=_count(record_files)) if record_files else ""
+        ),
+        "streams": label(lang, "audit-list-separator").join(counts),
+    }
+    sentence = label(lang, "audit-surprise" if m["surprise"] else "audit-no-surprise", **fields)
+    if m.get("base_given") is False:
+        sentence += ("" if lang == "zh" else " ") + label(lang, "audit-no-base")
+    return sentence
+
+
+# Text from a record that can be shown as a backtick code span in a table cell: no `<` or `>`
+# (a span could carry `<!--` into the ADR's source), no line break, control character or lone
+# surrogate (an undecodable path byte).
+_SPAN_SAFE = re.compile(r"[^<>\x00-\x1f\x7f\ud800-\udfff]*")
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
+_ESCAPED_IN_CODE = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "\\|"}
+_MARKDOWN_INLINE = frozenset("\\`*_[]~")
+
+
+def code_cell(text: str) -> Markdown:
+    """TEXT (a path, a name, a line of a patch: hostile input) as code in a table cell, exactly
+    as written: a backtick span where that is safe, else a `<code>` element whose special
+    characters are entities or escaped, so that no record can form an HTML comment or a marker
+    and unprintable characters show as `\\uXXXX`."""
+    if text.strip(" ") and _SPAN_SAFE.fullmatch(text):
+        longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+        fence = "`" * (longest + 1)
+        # A span drops one space at each end when both ends have one: pad to keep the text's own.
+        padded = f" {text} " if text.startswith(("`", " ")) or text.endswith(("`", " ")) else text
+        return Markdown(fence + padded.replace("|", "\\|") + fence)
+    visible = _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    escaped = "".join(
+        _ESCAPED_IN_CODE.get(c, "\\" + c if c in _MARKDOWN_INLINE else c) for c in visible
+    )
+    return Markdown(f"<code>{escaped}</code>")
+
+
+class _Fields(dict[str, str]):
+    """Fields of a label; one a record lacks shows as a dash instead of failing the render."""
+
+    def __missing__(self, key: str) -> str:
+        return "—"
+
+
+def _compose(lang: str, key: str, **fields: str) -> Markdown:
+    """The label KEY with FIELDS (Markdown already) filled in."""
+    return Markdown(_LABELS[lang][key].format_map(_Fields(fields)))
+
+
+def _word(lang: str, prefix: str, code: Scalar) -> Markdown:
+    """The label of a code of forkaudit's report; an unknown code shows as code."""
+    key = f"{prefix}:{code}"
+    return _compose(lang, key) if key in _LABELS[lang] else code_cell(str(code))
+
+
+def _code_fields(row: Mapping[str, Scalar], *keys: str) -> dict[str, str]:
+    return {key: code_cell(str(row[key])) for key in keys if row.get(key) is not None}
+
+
+_STREAMS = frozenset({"A", "B", "C"})
+_STATUSES = frozenset({"A", "M", "D", "R"})
+
+
+def _known(value: Scalar, known: frozenset[str]) -> Markdown:
+    """VALUE as it is when it is one of KNOWN (a stream, a git status), else as code."""
+    return Markdown(value) if value in known and isinstance(value, str) else code_cell(str(value))
+
+
+def _count(value: Scalar) -> str:
+    """A count from a record: a whole number as it is, anything else as code."""
+    is_count = isinstance(value, int) and not isinstance(value, bool)
+    return str(value) if is_count else code_cell(str(value))
+
+
+def _lines(cells: Sequence[str]) -> Markdown | None:
+    return Markdown("<br>".join(cells)) if cells else None
+
+
+def _rows(table: Table) -> list[dict[str, Scalar]]:
+    return [dict(zip(table.columns, row, strict=True)) for row in table.rows]
+
+
+def _present_questions(table: Table, lang: str) -> tuple[list[str], list[list[Scalar]]]:
+    """One row per question: the question and its answer in words, then each piece of
+    evidence with its file."""
+    by_question: dict[Scalar, list[dict[str, Scalar]]] = {}
+    for row in _rows(table):
+        by_question.setdefault(row["question"], []).append(row)
+    rows: list[list[Scalar]] = []
+    for question, evidence in by_question.items():
+        shown = [
+            _compose(lang, "evidence-in", what=_evidence(e, lang), path=code_cell(str(e["path"])))
+            for e in evidence
+            if e["kind"] is not None
+        ]
+        answer = _word(lang, "answer", evidence[0]["answer"])
+        rows.append([_word(lang, "question", question), answer, _lines(shown)])
+    return ["question", "answer", "evidence"], rows
+
+
+def _evidence(row: Mapping[str, Scalar], lang: str) -> Markdown:
+    """One piece of evidence in words: a fact of the semantic diff, or why a file counts."""
+    if row["kind"] == "fact":
+        key = f"fact:{row['subject']}:{row['change']}"
+    else:
+        key = f"evidence:{row['kind']}"
+    if key not in _LABELS[lang]:
+        return code_cell(" ".join(str(row[k]) for k in ("kind", "subject", "change", "name")))
+    return _compose(lang, key, **_code_fields(row, "name", "old", "new", "change"))
+
+
+def _change(row: Mapping[str, Scalar], lang: str) -> Markdown:
+    """What happened to a file and how much: "modified, +4/-1"; a file patched after install
+    has no size of change."""
+    key = f"change:{row['change']}"
+    if key in _LABELS[lang]:
+        what = _compose(lang, key, **_code_fields(row, "old_path", "old_mode", "new_mode"))
+    else:
+        what = code_cell(str(row["change"]))
+    if row["content"] is None:
+        return what
+    if row["content"] == "text":
+        size = f"+{_count(row['lines_added'])}/-{_count(row['lines_removed'])}"
+    else:
+        size = _word(lang, "content", row["content"])
+    return Markdown(what + label(lang, "audit-list-separator") + size)
+
+
+def _present_findings(table: Table, lang: str) -> tuple[list[str], list[list[Scalar]]]:
+    """The vendor changes in risk areas: the streams each touches, what changed, and its first
+    changed lines (an ellipsis when there are more). The record has a row per stream; a change
+    that touches several streams shows once."""
+    streams: dict[tuple[Scalar, ...], list[str]] = {}
+    for row in _rows(table):
+        change = tuple(v for k, v in row.items() if k != "stream")
+        stream = row["stream"]
+        streams.setdefault(change, []).append(
+            label(lang, "audit-no-stream") if stream is None else _known(stream, _STREAMS)
+        )
+    rows: list[list[Scalar]] = []
+    for change, touched in streams.items():
+        row = dict(zip([c for c in table.columns if c != "stream"], change, strict=True))
+        excerpt = str(row["excerpt"]).split("\n") if row["excerpt"] else []
+        shown: list[str] = [code_cell(line) for line in excerpt]
+        added, removed = row["lines_added"], row["lines_removed"]
+        if isinstance(added, int) and isinstance(removed, int) and added + removed > len(excerpt):
+            shown.append("…")
+        rows.append(
+            [
+                Markdown(",".join(touched)),
+                code_cell(str(row["path"])),
+                code_cell(str(row["area"])),
+                _change(row, lang),
+                _lines(shown),
+            ]
+        )
+    return ["streams", "path", "area", "change", "excerpt"], rows
+
+
+def _present_changes(table: Table, lang: str) -> tuple[list[str], list[list[Scalar]]]:
+    rows: list[list[Scalar]] = [
+        [
+            _known(row["status"], _STATUSES),
+            code_cell(str(row["path"])),
+            code_cell(str(row["category"])),
+            None
+            if row["streams"] is None
+            else Markdown(",".join(_known(s, _STREAMS) for s in str(row["streams"]).split(","))),
+            None if row["origin"] is None else _word(lang, "origin", row["origin"]),
+            _change(row, lang),
+        ]
+        for row in _rows(table)
+    ]
+    return ["status", "path", "area", "streams", "origin", "change"], rows
+
+
+def _present_left_out(table: Table, lang: str) -> tuple[list[str], list[list[Scalar]]]:
+    rows: list[list[Scalar]] = [
+        [
+            code_cell(str(row["path"])),
+            _word(lang, "side", row["side"]),
+            _word(lang, "left-out", row["code"]),
+        ]
+        for row in _rows(table)
+    ]
+    return ["path", "side", "reason"], rows
+
+
+# The columns each presenter reads (flows/audit.py writes them).
+_QUESTION_COLUMNS = frozenset(
+    {"question", "answer", "kind", "subject", "change", "name", "old", "new", "path"}
+)
+_CHANGE_COLUMNS = frozenset(
+    {"change", "old_path", "old_mode", "new_mode", "content", "lines_added", "lines_removed"}
+)
+_FINDING_COLUMNS = _CHANGE_COLUMNS | {"stream", "path", "area", "excerpt"}
+_CHANGES_COLUMNS = _CHANGE_COLUMNS | {"status", "path", "category", "streams", "origin"}
+_LEFT_OUT_COLUMNS = frozenset({"path", "side", "code"})
 
 
 ASSETS_DIR = "assets"
@@ -462,15 +839,23 @@ def figure_signature(artifact: str) -> bytes | None:
     )
 
 
+Presenter = Callable[[Table, str], tuple[list[str], list[list[Scalar]]]]
+
+
 def render_record_table(
     stage: str,
     table: str,
     empty_key: str,
     figures: Sequence[str] = (),
     no_baseline_key: str | None = None,
+    present: tuple[Presenter, frozenset[str]] | None = None,
 ) -> Renderer:
     """A renderer that shows one named table of one stage's record, then the named figures
     the record has (PNG artifacts, which the writer copies beside the ADRs).
+
+    `present` is a function that turns the table into the columns and rows shown, in the ADR's
+    language, and the columns it needs; a table without them (from an older record) is shown
+    as recorded.
 
     A table without rows shows the label `empty_key`, or `no_baseline_key` when the table says
     there was no earlier result to compare against (`Table.baseline_found` is False). A record
@@ -488,7 +873,10 @@ def render_record_table(
         if found is None and record.reason:  # the stage ended (crashed) before the table
             body = markdown_text(record.reason)
         elif found is not None and found.rows:
-            body = markdown_table(lang, found.columns, found.rows)
+            if present is not None and present[1] <= set(found.columns):
+                body = markdown_table(lang, *present[0](found, lang))
+            else:
+                body = markdown_table(lang, found.columns, found.rows)
         elif found is not None and found.baseline_found is False and no_baseline_key:
             body = markdown_text(label(lang, no_baseline_key))
         else:
@@ -507,9 +895,24 @@ def render_record_table(
 BLOCKS: dict[str, Renderer] = {
     "pipeline-status": render_pipeline_status,
     "audit-summary": render_audit_summary,
-    "audit-findings": render_record_table("audit", "findings", "no-findings"),
-    "audit-changes": render_record_table("audit", "changes", "no-changes"),
-    "audit-left-out": render_record_table("audit", "left-out", "nothing-left-out"),
+    "audit-questions": render_record_table(
+        "audit",
+        "questions",
+        "no-questions",
+        present=(_present_questions, _QUESTION_COLUMNS),
+    ),
+    "audit-findings": render_record_table(
+        "audit", "findings", "no-findings", present=(_present_findings, _FINDING_COLUMNS)
+    ),
+    "audit-changes": render_record_table(
+        "audit", "changes", "no-changes", present=(_present_changes, _CHANGES_COLUMNS)
+    ),
+    "audit-left-out": render_record_table(
+        "audit",
+        "left-out",
+        "nothing-left-out",
+        present=(_present_left_out, _LEFT_OUT_COLUMNS),
+    ),
     "kvquant-correctness": render_record_table("correctness", "errors", "no-cases"),
     "kvquant-edge-cases": render_record_table("correctness", "edge-cases", "no-cases"),
     "kvquant-resources": render_record_table("kernels", "resources", "no-cases"),

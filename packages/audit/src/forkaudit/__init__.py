@@ -5,6 +5,7 @@ which of those changes are the vendor's and which are upstream drift (given the 
 found by `find_base`), and whether any vendor change touches an area the plan depends on.
 """
 
+from forkaudit._artifacts import LEFT_OUT_REASONS
 from forkaudit._audit import DEFAULT_FORK, DEFAULT_SCOPE, DEFAULT_UPSTREAM, diff
 from forkaudit._errors import (
     AuditError,
@@ -15,17 +16,33 @@ from forkaudit._errors import (
     SpecError,
 )
 from forkaudit._findbase import find_base
-from forkaudit._report import AuditReport, FileReport
+from forkaudit._questions import ANSWERS, EVIDENCE_KINDS, QUESTIONS, Answer, Evidence
+from forkaudit._report import CHANGE_KINDS, CONTENT_KINDS, AuditReport, FileReport, Finding
 from forkaudit._rules import Rules, load_rules
+from forkaudit._semantic import FACT_CHANGES, FACT_SUBJECTS, Fact
+from forkaudit._sources import LARGE_FILE_BYTES
 
 __all__ = [
+    "ANSWERS",
+    "CHANGE_KINDS",
+    "CONTENT_KINDS",
     "DEFAULT_FORK",
     "DEFAULT_SCOPE",
     "DEFAULT_UPSTREAM",
+    "EVIDENCE_KINDS",
+    "FACT_CHANGES",
+    "FACT_SUBJECTS",
+    "LARGE_FILE_BYTES",
+    "LEFT_OUT_REASONS",
+    "QUESTIONS",
+    "Answer",
     "AuditError",
     "AuditReport",
+    "Evidence",
+    "Fact",
     "FetchError",
     "FileReport",
+    "Finding",
     "GitError",
     "Rules",
     "RulesFileError",

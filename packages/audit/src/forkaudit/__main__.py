@@ -5,9 +5,11 @@ verdict finds a surprise patch; 2 for bad input, with a one-line error on stderr
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -89,8 +91,6 @@ def main(argv: Sequence[str]) -> int:
         _print_error(f"{error} (see forkaudit --help)")
     except AuditError as error:
         _print_error(str(error))
-    except OSError as error:  # writing an output file
-        _print_error(f"{error.filename}: {error.strerror}")
     return EXIT_BAD_INPUT
 
 
@@ -101,18 +101,25 @@ def _print_error(message: str) -> None:
 
 def _check_outputs(**targets: str | None) -> None:
     """Refuse an output file that cannot be written, before the audit's slow work and before any
-    output is written, so that a refused run leaves every file as it was."""
+    output is written, so that a refused run leaves every file as it was. What only writing can
+    tell (a full disk, a file system that refuses new files) `_write_all` still catches."""
+    seen: dict[Path, str] = {}
     for option, target in targets.items():
         if target is None or target == "-":
             continue
         path = Path(target).resolve()  # a link is written through: check where it points
         if path.is_dir():
             raise AuditError(f"--{option} {target} is a directory; expected a file path")
+        if path.exists() and not path.is_file():
+            raise AuditError(f"--{option} {target} is not a regular file (a device or a pipe)")
         if not path.parent.is_dir():
             missing = "is not a directory" if path.parent.exists() else "does not exist"
             raise AuditError(f"--{option} {target}: the directory {path.parent} {missing}")
-        if not os.access(path if path.exists() else path.parent, os.W_OK):
-            raise AuditError(f"--{option} {target} is not writable")
+        if not os.access(path.parent, os.W_OK):
+            raise AuditError(f"--{option} {target}: the directory {path.parent} is not writable")
+        if path in seen:
+            raise AuditError(f"--{seen[path]} and --{option} both name {path}")
+        seen[path] = option
 
 
 def _run_diff(args: _CliArgs) -> int:
@@ -126,9 +133,13 @@ def _run_diff(args: _CliArgs) -> int:
         cache_dir=args.cache_dir,
     )
     document = report.to_dict()
-    _write(args.json, json.dumps(document, indent=2) + "\n")
-    _write(args.markdown, report.to_markdown(args.markdown_lang))
-    _write(args.patch, report.patch())
+    _write_all(
+        [
+            ("json", args.json, json.dumps(document, indent=2) + "\n"),
+            ("markdown", args.markdown, report.to_markdown(args.markdown_lang)),
+            ("patch", args.patch, report.patch()),
+        ]
+    )
     verdict = report.verdict()
     if args.json != "-":
         summary = document["summary"]
@@ -147,7 +158,7 @@ def _run_find_base(args: _CliArgs) -> int:
     result = find_base(
         args.fork, args.upstream_repo, args.candidates, scope=args.scope, cache_dir=args.cache_dir
     )
-    _write(args.json, json.dumps(result, indent=2) + "\n")
+    _write_all([("json", args.json, json.dumps(result, indent=2) + "\n")])
     if args.json != "-":
         best, ranking = result["best"], result["ranking"]
         assert isinstance(best, dict) and isinstance(ranking, list)
@@ -157,14 +168,55 @@ def _run_find_base(args: _CliArgs) -> int:
     return EXIT_OK
 
 
-def _write(target: str | None, text: str) -> None:
-    """Write TEXT to the file TARGET, or to stdout for "-"; odd path bytes survive unchanged."""
-    if target is None:
-        return
-    if target == "-":
-        sys.stdout.write(text)
-        return
-    Path(target).write_text(text, encoding="utf-8", errors="surrogateescape")
+def _write_all(outputs: list[tuple[str, str | None, str]]) -> None:
+    """Write each (OPTION, TARGET, TEXT): all files or none, then stdout for a target of "-".
+
+    Each text goes to a temporary file beside its target (through links: where they point);
+    only when every one is written are they renamed over their targets. A failure removes the
+    temporary files and leaves every target as it was. Odd path bytes survive unchanged.
+    """
+    files = [
+        (option, target, text) for option, target, text in outputs if target not in (None, "-")
+    ]
+    written: list[tuple[Path, Path]] = []  # (temporary file, target)
+    replaced: list[Path] = []
+    where = ""
+    try:
+        for option, target, text in files:
+            where = f"--{option} {target}"
+            path = Path(str(target)).resolve()
+            descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=".forkaudit-")
+            written.append((Path(name), path))
+            with os.fdopen(descriptor, "w", encoding="utf-8", errors="surrogateescape") as file:
+                file.write(text)
+                file.flush()
+                os.fsync(file.fileno())
+            # mkstemp makes the file private; a report is as readable as any file written here.
+            mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
+            Path(name).chmod(mode)
+        for temporary, path in written:
+            where = str(path)
+            temporary.replace(path)
+            replaced.append(path)
+    except OSError as error:
+        for temporary, path in written:
+            if path not in replaced:
+                with contextlib.suppress(OSError):
+                    temporary.unlink()
+        # Renames fail only if the file system changes under the run; then say what was kept.
+        kept = f"{len(replaced)} of {len(written)} were replaced" if replaced else "none changed"
+        msg = f"{where}: cannot be written: {error.strerror}; of the output files, {kept}"
+        raise AuditError(msg) from None
+    for _option, stdout_target, text in outputs:
+        if stdout_target == "-":
+            sys.stdout.write(text)
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it; it is set straight back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def entrypoint() -> None:

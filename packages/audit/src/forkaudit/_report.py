@@ -1,12 +1,36 @@
 """The audit's result: the JSON document, the Markdown report (English or Chinese) and the patch."""
 
 import os
+import re
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
+from forkaudit._artifacts import LEFT_OUT_REASONS
+from forkaudit._questions import Answer, Evidence
 from forkaudit._rules import STREAMS, Group, Rules
+from forkaudit._sources import LARGE_FILE_BYTES
 
-# Streams of a post-install patch outside every stream's areas.
-NO_STREAM = "-"
+#: What a change is, as records carry it: the file's change, or a fork file that fails its
+#: RECORD check (`record-` and the problem's code).
+ChangeKind = Literal[
+    "added",
+    "deleted",
+    "modified",
+    "renamed",
+    "mode-changed",
+    "record-missing",
+    "record-content-differs",
+    "record-unknown-algorithm",
+]
+_RECORD_CHANGES: dict[str, ChangeKind] = {
+    "missing": "record-missing",
+    "content-differs": "record-content-differs",
+    "unknown-algorithm": "record-unknown-algorithm",
+}
+CHANGE_KINDS: tuple[ChangeKind, ...] = get_args(ChangeKind)
+#: How a file was compared: line by line (text), as binary, or by blob id alone (large).
+ContentKind = Literal["text", "binary", "large"]
+CONTENT_KINDS: tuple[ContentKind, ...] = get_args(ContentKind)
 
 _LABELS = {
     "en": {
@@ -46,6 +70,17 @@ _LABELS = {
         "renamed": "renamed",
         "binary": "binary",
         "no_findings": "No vendor change falls in a risk area.",
+        "no_stream": "Outside the plan's streams",
+        "large": "large",
+        "large_files": "Large files",
+        "large_note": (
+            "Files over {size} bytes are compared by blob id only: no line counts, no patch."
+        ),
+        "size": "Bytes (upstream → fork)",
+        "questions": "Questions",
+        "question": "Question",
+        "answer": "Answer",
+        "evidence": "Evidence",
     },
     "zh": {
         "fork": "厂商分支",
@@ -84,8 +119,22 @@ _LABELS = {
         "renamed": "重命名",
         "binary": "二进制",
         "no_findings": "没有任何厂商改动落在风险领域。",
+        "no_stream": "不属于任何计划流",
+        "large": "大文件",
+        "large_files": "大文件",
+        "large_note": "超过 {size} 字节的文件只按 blob id 比较：没有行数，也不在补丁中。",
+        "size": "字节（上游 → 分支）",
+        "questions": "问题",
+        "question": "问题",
+        "answer": "回答",
+        "evidence": "依据",
     },
 }
+
+
+#: The first changed lines a finding shows, and how much of each line.
+EXCERPT_LINES = 6
+EXCERPT_CHARS = 160
 
 
 @dataclass
@@ -109,17 +158,43 @@ class FileReport:
     keywords: list[str]
     origin: str | None
     ignored_by: str | None
+    large: bool = False
+    old_size: int | None = None
+    new_size: int | None = None
+    #: The first `EXCERPT_LINES` changed lines, `+` or `-` first, each cut to `EXCERPT_CHARS`.
+    excerpt: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def change(self) -> ChangeKind:
+        if self.status == "M" and self.old_mode != self.new_mode:
+            return "mode-changed"
+        kinds: dict[str, ChangeKind] = {
+            "A": "added",
+            "D": "deleted",
+            "M": "modified",
+            "R": "renamed",
+        }
+        return kinds[self.status]
+
+    @property
+    def content(self) -> ContentKind:
+        return "large" if self.large else "binary" if self.binary else "text"
 
     def to_dict(self) -> dict[str, object]:
         return {
             "path": self.path,
             "old_path": self.old_path,
             "status": self.status,
+            "change": self.change,
             "old_mode": self.old_mode,
             "new_mode": self.new_mode,
             "similarity": self.similarity,
+            "content": self.content,
             "binary": self.binary,
+            "large": self.large,
+            "old_size": self.old_size,
+            "new_size": self.new_size,
             "lines_added": self.lines_added,
             "lines_removed": self.lines_removed,
             "category": self.category,
@@ -131,22 +206,80 @@ class FileReport:
             "origin": self.origin,
             "ignored": self.ignored_by is not None,
             "ignored_by": self.ignored_by,
+            "excerpt": self.excerpt,
             "notes": self.notes,
         }
 
     def reason(self) -> str:
         """One line: what changed, where, and what the semantic diff and keywords add."""
-        if self.status == "R":
-            what = f"renamed from {self.old_path}"
-        elif self.status == "M" and self.old_mode != self.new_mode:
-            what = f"mode {self.old_mode} -> {self.new_mode}"
-        else:
-            what = {"A": "added", "D": "deleted", "M": "modified"}[self.status]
-        size = "binary" if self.binary else f"+{self.lines_added}/-{self.lines_removed}"
+        what = {
+            "renamed": f"renamed from {self.old_path}",
+            "mode-changed": f"mode {self.old_mode} -> {self.new_mode}",
+        }.get(self.change, self.change)
+        size = {
+            "text": f"+{self.lines_added}/-{self.lines_removed}",
+            "binary": "binary",
+            "large": f"large, {self.old_size} -> {self.new_size} bytes, compared by blob id",
+        }[self.content]
         parts = [f"{what} in {self.category} ({size})", *self.notes]
         if self.keywords:
             parts.append("keywords: " + ", ".join(self.keywords))
         return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A vendor change (or an unattributed one) in a risk area, for one stream it touches; or a
+    fork file that fails its RECORD check. STREAM is None outside every stream's areas."""
+
+    stream: str | None
+    path: str
+    area: str
+    change: ChangeKind
+    reason: str
+    old_path: str | None = None
+    old_mode: str | None = None
+    new_mode: str | None = None
+    content: ContentKind | None = None
+    lines_added: int | None = None
+    lines_removed: int | None = None
+    keywords: tuple[str, ...] = ()
+    excerpt: tuple[str, ...] = ()
+
+    @classmethod
+    def of_file(cls, file: FileReport, stream: str) -> "Finding":
+        return cls(
+            stream=stream,
+            path=file.path,
+            area=file.category,
+            change=file.change,
+            reason=file.reason(),
+            old_path=file.old_path,
+            old_mode=file.old_mode,
+            new_mode=file.new_mode,
+            content=file.content,
+            lines_added=file.lines_added,
+            lines_removed=file.lines_removed,
+            keywords=tuple(file.keywords),
+            excerpt=tuple(file.excerpt),
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "stream": self.stream,
+            "path": self.path,
+            "area": self.area,
+            "change": self.change,
+            "reason": self.reason,
+            "old_path": self.old_path,
+            "old_mode": self.old_mode,
+            "new_mode": self.new_mode,
+            "content": self.content,
+            "lines_added": self.lines_added,
+            "lines_removed": self.lines_removed,
+            "keywords": list(self.keywords),
+            "excerpt": list(self.excerpt),
+        }
 
 
 @dataclass
@@ -163,11 +296,13 @@ class AuditReport:
     record_mismatches: dict[str, list[dict[str, str]]]
     env_vars: dict[str, object]
     semantic: dict[str, object]
+    questions: list[Answer]
     history: dict[str, object]
     patch_bytes: bytes
 
     def patch(self) -> str:
-        """The full unified patch (with binary hunks), upstream to fork, as `git diff -M`."""
+        """The full unified patch (with binary hunks), upstream to fork, as `git diff -M`; large
+        files are not in it."""
         return self.patch_bytes.decode("utf-8", "surrogateescape")
 
     def summary(self) -> dict[str, object]:
@@ -184,6 +319,7 @@ class AuditReport:
             "deleted": sum(f.status == "D" for f in counted),
             "renamed": sum(f.status == "R" for f in counted),
             "binary": sum(f.binary for f in counted),
+            "large": sum(f.large for f in counted),
             "lines_added": sum(f.lines_added or 0 for f in counted),
             "lines_removed": sum(f.lines_removed or 0 for f in counted),
             "ignored": len(self.files) - len(counted),
@@ -192,37 +328,57 @@ class AuditReport:
             "by_origin": dict(sorted(by_origin.items())),
         }
 
-    def verdict(self) -> dict[str, object]:
-        """Surprise unless no vendor change (or unattributed change) falls in a risk area.
+    def findings(self) -> list[Finding]:
+        """Vendor changes (or unattributed ones) in risk areas, one per stream they touch, and
+        fork files that fail their RECORD check.
 
         Without a base, a change cannot be told from upstream drift, so it counts as the
         vendor's. A fork file that does not match its RECORD hash is always a finding.
         """
         findings = [
-            {"stream": stream, "path": f.path, "area": f.category, "reason": f.reason()}
+            Finding.of_file(f, stream)
             for f in self.files
             if f.ignored_by is None and f.risk and f.origin != "upstream-drift"
             for stream in f.streams
         ]
         for mismatch in self.record_mismatches.get("fork", []):
             classification = self.rules.classify(mismatch["path"])
-            for stream in classification.streams or (NO_STREAM,):
+            change = _RECORD_CHANGES[mismatch["code"]]
+            for stream in classification.streams or (None,):
                 findings.append(
-                    {
-                        "stream": stream,
-                        "path": mismatch["path"],
-                        "area": classification.area,
-                        "reason": f"patched after install: {mismatch['problem']}",
-                    }
+                    Finding(
+                        stream=stream,
+                        path=mismatch["path"],
+                        area=classification.area,
+                        change=change,
+                        reason=f"patched after install: {mismatch['problem']}",
+                    )
                 )
+        return findings
+
+    def verdict(self) -> dict[str, object]:
+        """Surprise unless no vendor change (or unattributed change) falls in a risk area and
+        no fork file fails its RECORD check; the counts behind it, and the same in one English
+        line (`summary`).
+
+        `finding_files` counts the files of all findings (what the pipeline's gate judges);
+        `risk_files` the changed files among them, `record_files` those failing RECORD (a file
+        can be both); `risk_files_by_stream` the files of the findings of each stream.
+        """
+        findings = self.findings()
         total = self.summary()["total"]
-        paths = {str(f["path"]) for f in findings}
-        per_stream = {s: sum(f["stream"] == s for f in findings) for s in (*STREAMS, NO_STREAM)}
+        record_files = {f.path for f in findings if f.change.startswith("record-")}
+        risk_files = {f.path for f in findings if not f.change.startswith("record-")}
+        per_stream = {
+            key: len({f.path for f in findings if f.stream == stream})
+            for key, stream in (*((s, s) for s in STREAMS), ("none", None))
+        }
         if findings:
             streams = ", ".join(f"{s}: {n}" for s, n in per_stream.items() if n)
+            record = f", {len(record_files)} fail their RECORD check" if record_files else ""
             summary = (
-                f"Surprise patch: {len(paths)} of {total} changed files are vendor changes "
-                f"in risk areas ({streams})"
+                f"Surprise patch: {len(risk_files)} of {total} changed files are vendor changes "
+                f"in risk areas{record} ({streams})"
             )
         else:
             summary = (
@@ -234,7 +390,13 @@ class AuditReport:
         return {
             "surprise": bool(findings),
             "summary": summary,
-            "findings": findings,
+            "changed_files": total,
+            "finding_files": len(risk_files | record_files),
+            "risk_files": len(risk_files),
+            "record_files": len(record_files),
+            "risk_files_by_stream": per_stream,
+            "base_given": self.base is not None,
+            "findings": [f.to_dict() for f in findings],
             "risk_areas": self.rules.risk_areas(),
         }
 
@@ -243,6 +405,7 @@ class AuditReport:
         return {
             "rules": {"title": self.rules.title, "source": self.rules.source, **self.rules.pins},
             "scope": self.scope,
+            "large_file_bytes": LARGE_FILE_BYTES,
             "fork": self.fork,
             "upstream": self.upstream,
             "base": self.base,
@@ -252,6 +415,7 @@ class AuditReport:
             "record_mismatches": self.record_mismatches,
             "env_vars": self.env_vars,
             "semantic": self.semantic,
+            "questions": [answer.to_dict() for answer in self.questions],
             "history": self.history,
             "verdict": self.verdict(),
         }
@@ -265,6 +429,10 @@ class AuditReport:
 
 
 class _MarkdownWriter:
+    """The Markdown report. Every name that comes from the fork, the upstream or the rules
+    (paths, specs, env vars, keywords, commit subjects) is a code span, so no character of it
+    is read as Markdown; a rules group's `why` is Markdown on purpose."""
+
     def __init__(self, report: AuditReport, labels: dict[str, str]) -> None:
         self.report = report
         self.t = labels
@@ -272,34 +440,39 @@ class _MarkdownWriter:
 
     def render(self) -> str:
         report, t = self.report, self.t
-        self.lines.append(f"# {report.rules.title}\n")
+        self.lines.append(f"# {_escape(report.rules.title)}\n")
         for key, side in (
             ("fork", report.fork),
             ("upstream", report.upstream),
             ("base", report.base),
         ):
             if side is not None:
-                ids = ", ".join(f"{k} `{side[k]}`" for k in ("commit", "tree") if side.get(k))
+                ids = ", ".join(
+                    f"{k} {_code(str(side[k]))}" for k in ("commit", "tree") if side.get(k)
+                )
                 self.lines.append(
-                    f"- **{t[key]}**: `{side['spec']}` ({side['kind']}{', ' + ids if ids else ''})"
+                    f"- **{t[key]}**: {_code(str(side['spec']))} "
+                    f"({side['kind']}{', ' + ids if ids else ''})"
                 )
         if report.scope:
-            self.lines.append(f"- **{t['scope']}**: `{report.scope}`")
+            self.lines.append(f"- **{t['scope']}**: {_code(report.scope)}")
         self._verdict()
         self._summary()
+        self._questions()
         self._by_area()
+        self._large_files()
         self._env_vars()
         self._semantic()
         self._simple_table(
             t["left_out"],
             [t["file"], t["side"], t["reason"]],
-            [[e["path"], e["side"], e["reason"]] for e in report.left_out],
+            [[_code(e["path"]), e["side"], LEFT_OUT_REASONS[e["code"]]] for e in report.left_out],
         )
         self._simple_table(
             t["record"],
             [t["side"], t["file"], t["reason"]],
             [
-                [side, m["path"], m["problem"]]
+                [side, _code(m["path"]), m["problem"]]
                 for side, ms in report.record_mismatches.items()
                 for m in ms
             ],
@@ -310,21 +483,33 @@ class _MarkdownWriter:
     def _verdict(self) -> None:
         verdict, t = self.report.verdict(), self.t
         self.lines.append(f"\n## {t['verdict']}\n\n**{verdict['summary']}**")
-        findings = verdict["findings"]
-        assert isinstance(findings, list)
+        findings = self.report.findings()
         if not findings:
             self.lines.append(f"\n{t['no_findings']}")
-        for stream in (*STREAMS, NO_STREAM):
-            rows = [[f["path"], f["reason"]] for f in findings if f["stream"] == stream]
-            self._simple_table(f"{t['stream']} {stream}", [t["file"], t["reason"]], rows, level=3)
+        for stream in (*STREAMS, None):
+            rows = [[_code(f.path), _escape(f.reason)] for f in findings if f.stream == stream]
+            title = t["no_stream"] if stream is None else f"{t['stream']} {stream}"
+            self._simple_table(title, [t["file"], t["reason"]], rows, level=3)
 
     def _summary(self) -> None:
         summary, t = self.report.summary(), self.t
-        keys = ["total", "added", "modified", "deleted", "renamed", "binary"]
+        keys = ["total", "added", "modified", "deleted", "renamed", "binary", "large"]
         self.lines.append(f"\n## {t['summary']}\n")
         self.lines.append("| " + " | ".join(t[k] for k in keys) + " |")
         self.lines.append("|" + "---|" * len(keys))
         self.lines.append("| " + " | ".join(str(summary[k]) for k in keys) + " |")
+
+    def _questions(self) -> None:
+        rows = [
+            [
+                answer.question,
+                answer.answer,
+                "; ".join(_evidence_text(e) for e in answer.evidence) or "-",
+            ]
+            for answer in self.report.questions
+        ]
+        t = self.t
+        self._simple_table(t["questions"], [t["question"], t["answer"], t["evidence"]], rows)
 
     def _by_area(self) -> None:
         t = self.t
@@ -341,7 +526,7 @@ class _MarkdownWriter:
 
         if not under(group):
             return
-        self.lines.append(f"\n{'#' * level} {group.title}\n")
+        self.lines.append(f"\n{'#' * level} {_escape(group.title)}\n")
         if group.why:
             self.lines.append(group.why.strip())
         self._file_table(None, [f for f in files if f.group is group], level)
@@ -352,11 +537,15 @@ class _MarkdownWriter:
         t = self.t
         rows = [
             [
-                f.path if f.old_path is None else f"{f.old_path} → {f.path}",
+                _code(f.path) if f.old_path is None else f"{_code(f.old_path)} → {_code(f.path)}",
                 f.status,
-                t["binary"] if f.binary else f"+{f.lines_added}/-{f.lines_removed}",
+                {
+                    "text": f"+{f.lines_added}/-{f.lines_removed}",
+                    "binary": t["binary"],
+                    "large": t["large"],
+                }[f.content],
                 f.origin or "-",
-                ", ".join(f.keywords) or "-",
+                ", ".join(_code(k) for k in f.keywords) or "-",
             ]
             for f in files
         ]
@@ -367,14 +556,27 @@ class _MarkdownWriter:
         else:
             self._simple_table(title, headers, rows, level=level)
 
+    def _large_files(self) -> None:
+        large = [f for f in self.report.files if f.large]
+        if not large:
+            return
+        t = self.t
+        self._simple_table(
+            t["large_files"],
+            [t["file"], t["status"], t["size"]],
+            [[_code(f.path), f.status, f"{f.old_size} → {f.new_size}"] for f in large],
+        )
+        self.lines.append(f"\n{t['large_note'].format(size=LARGE_FILE_BYTES)}")
+
     def _env_vars(self) -> None:
         env, t = self.report.env_vars, self.t
-        rows = [[t["added"], f"`{name}`"] for name in _strings(env["added"])]
-        rows += [[t["removed"], f"`{name}`"] for name in _strings(env["removed"])]
+        rows = [[t["added"], _code(name)] for name in _strings(env["added"])]
+        rows += [[t["removed"], _code(name)] for name in _strings(env["removed"])]
         changed = env["default_changed"]
         assert isinstance(changed, list)
         rows += [
-            [t["default_changed"], f"`{c['name']}`: `{c['old']}` → `{c['new']}`"] for c in changed
+            [t["default_changed"], f"{_code(c['name'])}: {_code(c['old'])} → {_code(c['new'])}"]
+            for c in changed
         ]
         self._simple_table(t["env_vars"], ["", ""], rows)
 
@@ -384,18 +586,24 @@ class _MarkdownWriter:
         dtypes = semantic["cache_dtypes"]
         backends = semantic["attention_backends"]
         assert isinstance(dtypes, dict) and isinstance(backends, dict)
-        rows += [[t["cache_dtypes"], f"{t['added']} `{v}`"] for v in dtypes["added"]]
-        rows += [[t["cache_dtypes"], f"{t['removed']} `{v}`"] for v in dtypes["removed"]]
-        rows += [[t["backends"], f"{t['added']} `{v}`"] for v in backends["added"]]
-        rows += [[t["backends"], f"{t['removed']} `{v}`"] for v in backends["removed"]]
+        rows += [[t["cache_dtypes"], f"{t['added']} {_code(v)}"] for v in dtypes["added"]]
+        rows += [[t["cache_dtypes"], f"{t['removed']} {_code(v)}"] for v in dtypes["removed"]]
+        rows += [[t["backends"], f"{t['added']} {_code(v)}"] for v in backends["added"]]
+        rows += [[t["backends"], f"{t['removed']} {_code(v)}"] for v in backends["removed"]]
         rows += [
-            [t["backends"], f"`{c['name']}`: `{c['old']}` → `{c['new']}`"]
+            [t["backends"], f"{_code(c['name'])}: {_code(c['old'])} → {_code(c['new'])}"]
             for c in backends["changed"]
         ]
         per_backend = semantic["backend_kv_cache_dtypes"]
         assert isinstance(per_backend, list)
         rows += [
-            [t["backend_dtypes"], f"`{c['backend']}`: +{c['added']} -{c['removed']}"]
+            [
+                t["backend_dtypes"],
+                f"{_code(c['backend'])}: "
+                + ", ".join(
+                    [*(f"+{_code(d)}" for d in c["added"]), *(f"-{_code(d)}" for d in c["removed"])]
+                ),
+            ]
             for c in per_backend
         ]
         self._simple_table(t["semantic"], ["", ""], rows)
@@ -414,7 +622,7 @@ class _MarkdownWriter:
             "message_fits",
             "message_reason",
         ):
-            self.lines.append(f"- {key}: `{history[key]}`")
+            self.lines.append(f"- {key}: {_code(str(history[key]))}")
 
     def _simple_table(
         self, title: str, headers: list[str], rows: list[list[str]], level: int = 2
@@ -433,11 +641,52 @@ class _MarkdownWriter:
             self.lines.append("| " + " | ".join(_cell(cell) for cell in row) + " |")
 
 
+def _evidence_text(evidence: Evidence) -> str:
+    """One piece of evidence in words, with its file."""
+    if evidence.kind == "fact":
+        values = " → ".join(_code(v) for v in (evidence.old, evidence.new) if v is not None)
+        what = f"{evidence.subject} {evidence.change} {_code(evidence.name or '')}"
+        return f"{what}{' ' + values if values else ''} in {_code(evidence.path)}"
+    if evidence.kind == "mention":
+        return f"changed lines name {_code(evidence.name or '')} in {_code(evidence.path)}"
+    if evidence.kind == "unread":
+        return f"not parsed: {_code(evidence.path)}"
+    return f"{evidence.change} {_code(evidence.path)}"
+
+
+# Characters a visible name must not carry raw: line breaks and other control characters.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Characters that inline Markdown reads as syntax, and `#`, which closes a heading. `|` is left
+# to `_cell`: outside a table it is plain text.
+_MARKDOWN_SYNTAX = re.compile(r"([\\`*_\[\]<>~&#])")
+
+
+def _visible(text: str) -> str:
+    """TEXT with undecodable path bytes and control characters spelled out (`\\xe9`, `\\n`)."""
+    shown = os.fsencode(text).decode("utf-8", "backslashreplace")
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], shown)
+
+
+def _code(text: object) -> str:
+    """TEXT as a code span: a fence of more backticks than any run inside, padded when the
+    text starts or ends with a backtick or a space, so that the text shows exactly."""
+    shown = _visible(str(text))
+    longest = max((len(run) for run in re.findall(r"`+", shown)), default=0)
+    fence = "`" * (longest + 1)
+    if shown.startswith(("`", " ")) or shown.endswith(("`", " ")):
+        shown = f" {shown} "
+    return f"{fence}{shown}{fence}"
+
+
+def _escape(text: str) -> str:
+    """TEXT as running Markdown text (a title, a reason): syntax characters escaped."""
+    return _MARKDOWN_SYNTAX.sub(r"\\\1", _visible(text))
+
+
 def _cell(text: str) -> str:
-    """Table cells must not break the table: escape pipes, flatten newlines, show odd bytes."""
-    return (
-        os.fsencode(text).decode("utf-8", "backslashreplace").replace("|", "\\|").replace("\n", " ")
-    )
+    """Table cells must not break the table: escape pipes (inside code spans too, as GFM
+    wants), flatten newlines."""
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def _strings(value: object) -> list[str]:

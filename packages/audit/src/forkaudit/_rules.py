@@ -18,6 +18,10 @@ from forkaudit._errors import RulesFileError
 OTHER_AREA = "other"
 STREAMS = ("A", "B", "C")
 DEFAULT_RULES_NAME = "vllm.toml"
+#: A rules file over this size is refused unread; the shipped one is about 6 KB.
+MAX_RULES_BYTES = 1 << 20
+#: Groups may nest this deep (the shipped rules use 2 levels); deeper is refused, not recursed.
+MAX_GROUP_DEPTH = 16
 
 _T = TypeVar("_T")
 
@@ -30,6 +34,7 @@ _SEMANTIC_KEYS = {
     "cache_dtype_names",
     "backend_enums",
     "kv_cache_dtype_attributes",
+    "backend_areas",
 }
 _HISTORY_KEYS = {"files_per_topic"}
 
@@ -43,6 +48,8 @@ class SemanticRules:
     cache_dtype_names: tuple[str, ...] = ()
     backend_enums: tuple[str, ...] = ()
     kv_cache_dtype_attributes: tuple[str, ...] = ()
+    #: Areas whose changed files are attention backend code (the questions count them).
+    backend_areas: tuple[str, ...] = ()
 
 
 @dataclass
@@ -173,10 +180,16 @@ def load_rules(path: Path | None = None) -> Rules:
         resource = files("forkaudit") / "rules" / DEFAULT_RULES_NAME
         return parse_rules(resource.read_text(encoding="utf-8"), f"forkaudit:{DEFAULT_RULES_NAME}")
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as file:
+            data = file.read(MAX_RULES_BYTES + 1)
     except OSError as error:
         msg = f"cannot read {str(path)!r}: {error.strerror}"
         raise RulesFileError(msg) from None
+    if len(data) > MAX_RULES_BYTES:
+        msg = f"{str(path)!r} is larger than {MAX_RULES_BYTES} bytes; expected a small TOML file"
+        raise RulesFileError(msg)
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         msg = f"{str(path)!r} is not UTF-8 text"
         raise RulesFileError(msg) from None
@@ -189,6 +202,9 @@ def parse_rules(text: str, source: str) -> Rules:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         msg = f"{source}: {error}"
+        raise RulesFileError(msg) from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        msg = f"{source}: values nest too deeply to parse"
         raise RulesFileError(msg) from None
     _reject_unknown(document, _TOP_KEYS, source)
     title = _typed(document, "title", str, source, default="Fork audit")
@@ -221,9 +237,12 @@ def parse_rules(text: str, source: str) -> Rules:
     )
 
 
-def _parse_group(raw: object, parent: Group | None, where: str) -> Group:
+def _parse_group(raw: object, parent: Group | None, where: str, depth: int = 1) -> Group:
     if not isinstance(raw, dict):
         msg = f"{where}: a group must be a table, got {type(raw).__name__}"
+        raise RulesFileError(msg)
+    if depth > MAX_GROUP_DEPTH:
+        msg = f"{where}: groups nest more than {MAX_GROUP_DEPTH} levels deep"
         raise RulesFileError(msg)
     _reject_unknown(raw, _GROUP_KEYS, where)
     title = _typed(raw, "title", str, where, default="")
@@ -250,7 +269,7 @@ def _parse_group(raw: object, parent: Group | None, where: str) -> Group:
         parent=parent,
     )
     group.sub = [
-        _parse_group(child, group, f"{where} sub[{i}]")
+        _parse_group(child, group, f"{where} sub[{i}]", depth + 1)
         for i, child in enumerate(_typed(raw, "sub", list, where, default=[]))
     ]
     return group

@@ -6,8 +6,14 @@ merged per side over all changed files, so a definition that moved between files
 
 import ast
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from forkaudit._rules import SemanticRules
+
+FactSubject = Literal["env_var", "cache_dtype", "attention_backend", "backend_kv_cache_dtype"]
+FACT_SUBJECTS: tuple[FactSubject, ...] = get_args(FactSubject)
+FactChange = Literal["added", "removed", "changed"]
+FACT_CHANGES: tuple[FactChange, ...] = get_args(FactChange)
 
 
 @dataclass
@@ -25,12 +31,24 @@ class PythonFacts:
     parse_errors: list[str] = field(default_factory=list)
 
     def add_source(self, path: str, source: bytes, rules: SemanticRules) -> None:
-        """Parse one file and merge its facts; a file that does not parse is only recorded."""
+        """Parse one file and merge its facts; a file that does not parse is only recorded.
+
+        A fork's file is hostile input: nesting too deep for the parser (or for `ast.unparse`)
+        makes it unparsed, not a crash. Its facts are merged only once all were read.
+        """
+        facts = PythonFacts()
         try:
             module = ast.parse(source, filename=path)
-        except (SyntaxError, ValueError):
+            facts.read_module(module, path, rules)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
             self.parse_errors.append(path)
             return
+        self.env_vars.update(facts.env_vars)
+        self.cache_dtypes.update(facts.cache_dtypes)
+        self.backends.update(facts.backends)
+        self.backend_kv_dtypes.update(facts.backend_kv_dtypes)
+
+    def read_module(self, module: ast.Module, path: str, rules: SemanticRules) -> None:
         if path in rules.envs_files:
             for name, default in _env_vars(module, rules.env_dicts).items():
                 self.env_vars[name] = (default, path)
@@ -53,79 +71,155 @@ class PythonFacts:
 
 
 @dataclass(frozen=True)
-class SemanticDiff:
-    """What changed between the upstream's and the fork's facts, and a note per file."""
+class Fact:
+    """One difference between the upstream's and the fork's facts, and the file that shows it
+    (the fork's; the upstream's for a removal).
 
-    env_vars: dict[str, object]
-    semantic: dict[str, object]
-    notes_by_path: dict[str, list[str]]
+    NAME is the env var, the KV-cache dtype, the `Enum.MEMBER` of a backend, or the backend
+    class whose supported KV-cache dtypes changed. OLD and NEW are the values on each side: an
+    env var's default, a backend's registered target, the dtype a backend gained (NEW) or lost
+    (OLD); None where a side has none.
+    """
+
+    subject: FactSubject
+    change: FactChange
+    name: str
+    path: str
+    old: str | None = None
+    new: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "subject": self.subject,
+            "change": self.change,
+            "name": self.name,
+            "path": self.path,
+            "old": self.old,
+            "new": self.new,
+        }
+
+    def note(self) -> str:
+        """The fact in words, for the file it is found in."""
+        if self.subject == "env_var":
+            return {
+                "added": f"adds env var {self.name}",
+                "removed": f"removes env var {self.name}",
+                "changed": f"default of {self.name} {self.old} -> {self.new}",
+            }[self.change]
+        if self.subject == "cache_dtype":
+            verb = "adds" if self.change == "added" else "removes"
+            return f"{verb} KV-cache dtype {self.name!r}"
+        if self.subject == "attention_backend":
+            return {
+                "added": f"adds attention backend {self.name}",
+                "removed": f"removes attention backend {self.name}",
+                "changed": f"re-registers backend {self.name}",
+            }[self.change]
+        dtype = self.new if self.change == "added" else self.old
+        sign = "+" if self.change == "added" else "-"
+        return f"{self.name} KV-cache dtypes {sign}{dtype!r}"
+
+
+@dataclass(frozen=True)
+class SemanticDiff:
+    """What changed between the upstream's and the fork's facts."""
+
+    facts: list[Fact]
+    parse_errors: list[str]
+
+    def notes_by_path(self) -> dict[str, list[str]]:
+        """Per file, what a reader should know about it."""
+        notes: dict[str, list[str]] = {}
+        for fact in self.facts:
+            notes.setdefault(fact.path, []).append(fact.note())
+        return notes
+
+    def env_vars(self) -> dict[str, object]:
+        """The JSON document's `env_vars`."""
+        facts = [f for f in self.facts if f.subject == "env_var"]
+        return {
+            "added": [f.name for f in facts if f.change == "added"],
+            "removed": [f.name for f in facts if f.change == "removed"],
+            "default_changed": [
+                {"name": f.name, "old": f.old, "new": f.new} for f in facts if f.change == "changed"
+            ],
+        }
+
+    def semantic(self) -> dict[str, object]:
+        """The JSON document's `semantic`."""
+
+        def names(subject: FactSubject, change: FactChange) -> list[str]:
+            return [f.name for f in self.facts if f.subject == subject and f.change == change]
+
+        per_backend: dict[str, dict[str, list[str]]] = {}
+        for fact in self.facts:
+            if fact.subject == "backend_kv_cache_dtype":
+                dtypes = per_backend.setdefault(fact.name, {"added": [], "removed": []})
+                dtypes[fact.change].append(str(fact.new if fact.change == "added" else fact.old))
+        return {
+            "cache_dtypes": {
+                "added": names("cache_dtype", "added"),
+                "removed": names("cache_dtype", "removed"),
+            },
+            "attention_backends": {
+                "added": names("attention_backend", "added"),
+                "removed": names("attention_backend", "removed"),
+                "changed": [
+                    {"name": f.name, "old": f.old, "new": f.new}
+                    for f in self.facts
+                    if f.subject == "attention_backend" and f.change == "changed"
+                ],
+            },
+            "backend_kv_cache_dtypes": [
+                {"backend": backend, **dtypes} for backend, dtypes in per_backend.items()
+            ],
+            "parse_errors": self.parse_errors,
+        }
 
 
 def compare_facts(upstream: PythonFacts, fork: PythonFacts) -> SemanticDiff:
-    """Compare the facts of both sides; notes say, per file, what a reader should know."""
-    notes: dict[str, list[str]] = {}
-
-    def note(path: str, text: str) -> None:
-        notes.setdefault(path, []).append(text)
-
-    added_vars = sorted(fork.env_vars.keys() - upstream.env_vars.keys())
-    removed_vars = sorted(upstream.env_vars.keys() - fork.env_vars.keys())
-    default_changed = []
+    """Compare the facts of both sides, each difference with the file that shows it."""
+    facts: list[Fact] = []
+    for name in sorted(fork.env_vars.keys() - upstream.env_vars.keys()):
+        default, path = fork.env_vars[name]
+        facts.append(Fact("env_var", "added", name, path, new=default))
+    for name in sorted(upstream.env_vars.keys() - fork.env_vars.keys()):
+        default, path = upstream.env_vars[name]
+        facts.append(Fact("env_var", "removed", name, path, old=default))
     for name in sorted(fork.env_vars.keys() & upstream.env_vars.keys()):
         (old, _), (new, path) = upstream.env_vars[name], fork.env_vars[name]
         if old != new:
-            default_changed.append({"name": name, "old": old, "new": new})
-            note(path, f"default of {name} {old} -> {new}")
-    for name in added_vars:
-        note(fork.env_vars[name][1], f"adds env var {name}")
-    for name in removed_vars:
-        note(upstream.env_vars[name][1], f"removes env var {name}")
+            facts.append(Fact("env_var", "changed", name, path, old=old, new=new))
 
-    added_dtypes = sorted(fork.cache_dtypes.keys() - upstream.cache_dtypes.keys())
-    removed_dtypes = sorted(upstream.cache_dtypes.keys() - fork.cache_dtypes.keys())
-    for value in added_dtypes:
-        note(fork.cache_dtypes[value], f"adds KV-cache dtype {value!r}")
-    for value in removed_dtypes:
-        note(upstream.cache_dtypes[value], f"removes KV-cache dtype {value!r}")
+    for value in sorted(fork.cache_dtypes.keys() - upstream.cache_dtypes.keys()):
+        facts.append(Fact("cache_dtype", "added", value, fork.cache_dtypes[value]))
+    for value in sorted(upstream.cache_dtypes.keys() - fork.cache_dtypes.keys()):
+        facts.append(Fact("cache_dtype", "removed", value, upstream.cache_dtypes[value]))
 
-    added_backends = sorted(fork.backends.keys() - upstream.backends.keys())
-    removed_backends = sorted(upstream.backends.keys() - fork.backends.keys())
-    changed_backends = [
-        {"name": name, "old": upstream.backends[name][0], "new": fork.backends[name][0]}
-        for name in sorted(fork.backends.keys() & upstream.backends.keys())
-        if upstream.backends[name][0] != fork.backends[name][0]
-    ]
-    for name in added_backends:
-        note(fork.backends[name][1], f"adds attention backend {name}")
-    for name in removed_backends:
-        note(upstream.backends[name][1], f"removes attention backend {name}")
-    for change in changed_backends:
-        note(fork.backends[str(change["name"])][1], f"re-registers backend {change['name']}")
+    for name in sorted(fork.backends.keys() - upstream.backends.keys()):
+        target, path = fork.backends[name]
+        facts.append(Fact("attention_backend", "added", name, path, new=target))
+    for name in sorted(upstream.backends.keys() - fork.backends.keys()):
+        target, path = upstream.backends[name]
+        facts.append(Fact("attention_backend", "removed", name, path, old=target))
+    for name in sorted(fork.backends.keys() & upstream.backends.keys()):
+        (old, _), (new, path) = upstream.backends[name], fork.backends[name]
+        if old != new:
+            facts.append(Fact("attention_backend", "changed", name, path, old=old, new=new))
 
-    kv_dtype_changes = []
     for backend in sorted(fork.backend_kv_dtypes.keys() | upstream.backend_kv_dtypes.keys()):
         old_dtypes, old_path = upstream.backend_kv_dtypes.get(backend, (frozenset(), ""))
         new_dtypes, new_path = fork.backend_kv_dtypes.get(backend, (frozenset(), ""))
-        if old_dtypes == new_dtypes:
-            continue
-        added, removed = sorted(new_dtypes - old_dtypes), sorted(old_dtypes - new_dtypes)
-        kv_dtype_changes.append({"backend": backend, "added": added, "removed": removed})
-        note(new_path or old_path, f"{backend} KV-cache dtypes +{added} -{removed}")
-
-    return SemanticDiff(
-        env_vars={"added": added_vars, "removed": removed_vars, "default_changed": default_changed},
-        semantic={
-            "cache_dtypes": {"added": added_dtypes, "removed": removed_dtypes},
-            "attention_backends": {
-                "added": added_backends,
-                "removed": removed_backends,
-                "changed": changed_backends,
-            },
-            "backend_kv_cache_dtypes": kv_dtype_changes,
-            "parse_errors": sorted({*upstream.parse_errors, *fork.parse_errors}),
-        },
-        notes_by_path=notes,
-    )
+        path = new_path or old_path
+        facts += [
+            Fact("backend_kv_cache_dtype", "added", backend, path, new=dtype)
+            for dtype in sorted(new_dtypes - old_dtypes)
+        ]
+        facts += [
+            Fact("backend_kv_cache_dtype", "removed", backend, path, old=dtype)
+            for dtype in sorted(old_dtypes - new_dtypes)
+        ]
+    return SemanticDiff(facts, sorted({*upstream.parse_errors, *fork.parse_errors}))
 
 
 def _assigned_name(statement: ast.stmt) -> str | None:

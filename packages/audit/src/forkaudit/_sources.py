@@ -1,7 +1,9 @@
 """Turning a SPEC into a snapshot: every file of a tree with its git mode and blob id.
 
 Blob ids are computed exactly as git computes them, so a git tree, an sdist, a wheel, an
-installed distribution and a plain directory can all be compared id by id.
+installed distribution and a plain directory can all be compared id by id. A file over
+`LARGE_FILE_BYTES` is hashed while it is read and never held in memory: it is compared by blob
+id only (see `_audit`).
 """
 
 import base64
@@ -17,7 +19,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeAlias
+from typing import IO
 
 import git
 
@@ -33,6 +35,12 @@ _MODE_TREE = "40000"
 
 #: Kinds whose files come out of a build, so build-written files may be recognised and left out.
 ARTIFACT_KINDS = frozenset({"sdist", "wheel", "installed"})
+
+#: A file over this many bytes is large: hashed while read, compared by blob id, never diffed.
+#: Diffing costs about 35 times a file's size in memory (a 16.8 MB text file: 586 MiB peak in
+#: benchmarks/benchmark_memory.py); vLLM's largest text file is 1.5 MB.
+LARGE_FILE_BYTES = 16 << 20
+_READ_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -50,8 +58,12 @@ class Snapshot:
     spec: str
     kind: str
     entries: dict[bytes, Entry]
-    #: Contents by blob id, for sides that are not git repositories (git reads its own).
+    #: Contents by blob id, for sides that are not git repositories (git reads its own), except
+    #: large files, whose content is never kept.
     blobs: dict[str, bytes] = field(default_factory=dict)
+    #: Sizes by blob id: every blob of a side that is not a git repository; those of a git side
+    #: as far as they were asked for (`_audit` asks git for the changed ones).
+    sizes: dict[str, int] = field(default_factory=dict)
     commit: str | None = None
     #: The repository's git directory, for git sides, which read their blobs from it.
     git_dir: Path | None = None
@@ -186,6 +198,45 @@ class _SnapshotBuilder:
         oid = blob_id(data)
         self.snapshot.entries[path] = Entry(mode, oid)
         self.snapshot.blobs[oid] = data
+        self.snapshot.sizes[oid] = len(data)
+
+    def add_file(
+        self, path: bytes, mode: str, size: int, stream: IO[bytes], digest_name: str | None = None
+    ) -> bytes | None:
+        """Add SIZE bytes read from STREAM; return their DIGEST_NAME digest (for RECORD checks).
+
+        A large file is read in chunks, each hashed and dropped, so memory stays flat.
+        """
+        digest = hashlib.new(digest_name) if digest_name else None
+        if size <= LARGE_FILE_BYTES:
+            data = stream.read(size + 1)
+            self._check_size(path, size, len(data))
+            self.add(path, data, mode)
+            if digest:
+                digest.update(data)
+            return digest.digest() if digest else None
+        blob = hashlib.sha1(b"blob %d\0" % size, usedforsecurity=False)
+        read = 0
+        while chunk := stream.read(_READ_CHUNK):
+            read += len(chunk)
+            if read > size:
+                break
+            blob.update(chunk)
+            if digest:
+                digest.update(chunk)
+        self._check_size(path, size, read)
+        oid = blob.hexdigest()
+        self.snapshot.entries[path] = Entry(mode, oid)
+        self.snapshot.sizes[oid] = size
+        return digest.digest() if digest else None
+
+    def _check_size(self, path: bytes, expected: int, read: int) -> None:
+        if read != expected:
+            msg = (
+                f"`{self.snapshot.spec}`: {os.fsdecode(path)!r} should hold {expected} bytes "
+                f"but {'more' if read > expected else read} were read (did it change meanwhile?)"
+            )
+            raise SpecError(msg)
 
 
 def _file_mode(st_mode: int) -> str:
@@ -202,34 +253,55 @@ def _open_dir(spec: str, root: Path) -> Snapshot:
     builder = _SnapshotBuilder(spec, "dir")
     for relative, absolute in _walk_files(os.fsencode(root)):
         try:
-            st = os.lstat(absolute)
-            if stat.S_ISLNK(st.st_mode):
-                data = os.fsencode(Path(os.fsdecode(absolute)).readlink())
-            else:
-                data = Path(os.fsdecode(absolute)).read_bytes()
+            _add_from_disk(builder, relative, Path(os.fsdecode(absolute)))
         except OSError as error:
             msg = f"`{spec}`: cannot read {os.fsdecode(absolute)!r}: {error.strerror}"
             raise SpecError(msg) from None
-        builder.add(relative, data, _file_mode(st.st_mode))
     return builder.snapshot
 
 
-def _walk_files(root: bytes, relative: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
-    """Yield (relative path, absolute path) of every file and symlink, skipping `.git`."""
-    try:
-        with os.scandir(root + b"/" + relative if relative else root) as scan:
-            children = sorted(scan, key=lambda child: child.name)
-    except OSError as error:
-        msg = f"cannot list directory {os.fsdecode(root + b'/' + relative)!r}: {error.strerror}"
-        raise SpecError(msg) from None
-    for child in children:
-        if child.name == b".git":
-            continue
-        child_relative = relative + b"/" + child.name if relative else child.name
-        if child.is_dir(follow_symlinks=False):
-            yield from _walk_files(root, child_relative)
-        else:
-            yield child_relative, child.path
+def _add_from_disk(
+    builder: _SnapshotBuilder, path: bytes, location: Path, digest_name: str | None = None
+) -> bytes | None:
+    """Add the file or symlink at LOCATION as PATH; return its DIGEST_NAME digest if asked."""
+    st = location.lstat()
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        msg = (
+            f"{str(location)!r} is neither a file nor a symlink (a socket, pipe or device);"
+            " git could not track it either"
+        )
+        raise SpecError(msg)
+    if stat.S_ISLNK(st.st_mode):
+        target = os.fsencode(location.readlink())
+        builder.add(path, target, MODE_SYMLINK)
+        return hashlib.new(digest_name, target).digest() if digest_name else None
+    with location.open("rb") as stream:
+        return builder.add_file(path, _file_mode(st.st_mode), st.st_size, stream, digest_name)
+
+
+def _walk_files(root: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """Yield (relative path, absolute path) of every file and symlink, skipping `.git`.
+
+    A stack, not recursion: a tree may nest deeper than Python's recursion limit.
+    """
+    pending = [b""]
+    while pending:
+        relative = pending.pop()
+        directory = root + b"/" + relative if relative else root
+        try:
+            with os.scandir(directory) as scan:
+                children = sorted(scan, key=lambda child: child.name)
+        except OSError as error:
+            msg = f"cannot list directory {os.fsdecode(directory)!r}: {error.strerror}"
+            raise SpecError(msg) from None
+        for child in children:
+            if child.name == b".git":
+                continue
+            child_relative = relative + b"/" + child.name if relative else child.name
+            if child.is_dir(follow_symlinks=False):
+                pending.append(child_relative)
+            else:
+                yield child_relative, child.path
 
 
 def _open_sdist(spec: str, file: Path) -> Snapshot:
@@ -243,11 +315,14 @@ def _open_sdist(spec: str, file: Path) -> Snapshot:
                 if member.issym():
                     builder.add(path, os.fsencode(member.linkname), MODE_SYMLINK)
                     continue
-                extracted = archive.extractfile(member)
+                # A hard link holds no data of its own: it reads as the member it names.
+                content = _link_target(spec, archive, member) if member.islnk() else member
+                extracted = archive.extractfile(content)
                 if extracted is None:
                     continue
                 mode = MODE_EXECUTABLE if member.mode & stat.S_IXUSR else MODE_FILE
-                builder.add(path, extracted.read(), mode)
+                with extracted:
+                    builder.add_file(path, mode, content.size, extracted)
     except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError) as error:
         if isinstance(error, OSError) and error.strerror:  # the file itself: permissions, I/O
             msg = f"`{spec}`: cannot read sdist {str(file)!r}: {error.strerror}"
@@ -259,6 +334,14 @@ def _open_sdist(spec: str, file: Path) -> Snapshot:
             )
         raise SpecError(msg) from None
     return builder.snapshot
+
+
+def _link_target(spec: str, archive: tarfile.TarFile, member: tarfile.TarInfo) -> tarfile.TarInfo:
+    try:
+        return archive.getmember(member.linkname)
+    except KeyError:
+        msg = f"`{spec}`: {member.name!r} is a hard link to {member.linkname!r}, which is missing"
+        raise SpecError(msg) from None
 
 
 def _common_top_dir(names: list[str]) -> str:
@@ -273,50 +356,90 @@ def _open_wheel(spec: str, file: Path) -> Snapshot:
     builder = _SnapshotBuilder(spec, "wheel")
     try:
         with zipfile.ZipFile(file) as archive:
-            for info in archive.infolist():
-                if info.is_dir():
-                    continue
+            files = [info for info in archive.infolist() if not info.is_dir()]
+            # RECORD is read first, so each file's RECORD digest is taken in the same pass.
+            record = _read_wheel_record(spec, archive, files)
+            digests = {}
+            for info in files:
                 unix_mode = info.external_attr >> 16
-                data = archive.read(info)
                 mode = _file_mode(unix_mode) if unix_mode else MODE_FILE
-                builder.add(os.fsencode(info.filename), data, mode)
+                algorithm = _record_algorithm(record.get(info.filename))
+                with archive.open(info) as stream:
+                    digest = builder.add_file(
+                        os.fsencode(info.filename), mode, info.file_size, stream, algorithm
+                    )
+                if digest is not None:
+                    digests[info.filename] = digest
     except (zipfile.BadZipFile, OSError) as error:
         msg = f"`{spec}`: cannot read wheel {str(file)!r}: {error}"
         raise SpecError(msg) from None
     snapshot = builder.snapshot
-    snapshot.record_mismatches = _check_wheel_record(snapshot)
+    present = {info.filename for info in files}
+    snapshot.record_mismatches = [
+        mismatch
+        for path, hash_field in record.items()
+        if (mismatch := _record_mismatch(path, hash_field, path in present, digests.get(path)))
+    ]
     return snapshot
 
 
-def _check_wheel_record(snapshot: Snapshot) -> list[dict[str, str]]:
-    records = [p for p in snapshot.entries if p.endswith(b".dist-info/RECORD")]
-    if not records:
-        return []
-    record_text = snapshot.blobs[snapshot.entries[records[0]].oid].decode("utf-8", "replace")
-    mismatches = []
-    for row in csv.reader(record_text.splitlines()):
-        if len(row) < 2 or not row[1]:
-            continue  # RECORD lists itself (and maybe .pyc files) without a hash
-        path, hash_field = row[0], row[1]
-        entry = snapshot.entries.get(os.fsencode(path))
-        problem = (
-            "listed in RECORD but missing"
-            if entry is None
-            else _record_hash_problem(hash_field, snapshot.blobs[entry.oid])
-        )
-        if problem:
-            mismatches.append({"path": path, "problem": problem})
-    return mismatches
+def _read_wheel_record(
+    spec: str, archive: zipfile.ZipFile, files: list[zipfile.ZipInfo]
+) -> dict[str, str]:
+    """The hashed rows of the wheel's RECORD, path -> `algorithm=digest`, in RECORD's order."""
+    info = next((i for i in files if i.filename.endswith(".dist-info/RECORD")), None)
+    if info is None:
+        return {}
+    if info.file_size > LARGE_FILE_BYTES:
+        msg = f"`{spec}`: {info.filename} holds {info.file_size} bytes; a RECORD is small"
+        raise SpecError(msg)
+    text = archive.read(info).decode("utf-8", "replace")
+    try:
+        rows = list(csv.reader(text.splitlines()))
+    except csv.Error as error:
+        msg = f"`{spec}`: {info.filename} is not a valid RECORD (CSV): {error}"
+        raise SpecError(msg) from None
+    # RECORD lists itself (and maybe .pyc files) without a hash; a path listed twice keeps
+    # its last row.
+    return {row[0]: row[1] for row in rows if len(row) >= 2 and row[1]}
 
 
-def _record_hash_problem(hash_field: str, data: bytes) -> str | None:
-    """Compare DATA with a RECORD hash such as `sha256=<urlsafe base64>`; None if it matches."""
+#: Hash algorithms a RECORD may name: hashlib's guaranteed ones of fixed length.
+_RECORD_ALGORITHMS = frozenset(hashlib.algorithms_guaranteed) - {"shake_128", "shake_256"}
+
+#: Why a file fails its RECORD check, as a code (which records carry) and in words.
+RECORD_PROBLEMS = {
+    "missing": "listed in RECORD but missing",
+    "content-differs": "content does not match its RECORD {algorithm} hash",
+    "unknown-algorithm": "RECORD uses unknown hash algorithm {algorithm!r}",
+}
+
+
+def _record_algorithm(hash_field: str | None) -> str | None:
+    algorithm = (hash_field or "").partition("=")[0]
+    return algorithm if algorithm in _RECORD_ALGORITHMS else None
+
+
+def _record_mismatch(
+    path: str, hash_field: str, present: bool, digest: bytes | None
+) -> dict[str, str] | None:
+    """The RECORD problem of PATH, whose content has DIGEST by HASH_FIELD's algorithm; None if
+    it matches. HASH_FIELD is a RECORD hash such as `sha256=<urlsafe base64>`."""
     algorithm, _, expected = hash_field.partition("=")
-    if algorithm not in hashlib.algorithms_available:
-        return f"RECORD uses unknown hash algorithm {algorithm!r}"
-    digest = hashlib.new(algorithm, data).digest()
-    actual = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-    return None if actual == expected else f"content does not match its RECORD {algorithm} hash"
+    if not present:
+        code = "missing"
+    elif algorithm not in _RECORD_ALGORITHMS or digest is None:
+        code = "unknown-algorithm"
+    elif base64.urlsafe_b64encode(digest).rstrip(b"=").decode() != expected:
+        code = "content-differs"
+    else:
+        return None
+    return {
+        "path": path,
+        "code": code,
+        "algorithm": algorithm,
+        "problem": RECORD_PROBLEMS[code].format(algorithm=algorithm),
+    }
 
 
 def _open_installed(spec: str, name: str) -> Snapshot:
@@ -333,59 +456,56 @@ def _open_installed(spec: str, name: str) -> Snapshot:
             snapshot.outside_root.append(relative)
             continue
         location = Path(str(distribution.locate_file(package_path)))
+        hash_field = (
+            f"{package_path.hash.mode}={package_path.hash.value}" if package_path.hash else None
+        )
         try:
-            st = location.lstat()
-            data = (
-                os.fsencode(location.readlink())
-                if stat.S_ISLNK(st.st_mode)
-                else location.read_bytes()
+            digest = _add_from_disk(
+                builder, os.fsencode(relative), location, _record_algorithm(hash_field)
             )
         except FileNotFoundError:
-            snapshot.record_mismatches.append(
-                {"path": relative, "problem": "listed in RECORD but missing"}
-            )
-            continue
+            digest, present = None, False
         except OSError as error:
             msg = f"`{spec}`: cannot read {str(location)!r}: {error.strerror}"
             raise SpecError(msg) from None
-        builder.add(os.fsencode(relative), data, _file_mode(st.st_mode))
-        if package_path.hash is not None:
-            problem = _record_hash_problem(
-                f"{package_path.hash.mode}={package_path.hash.value}", data
-            )
-            if problem:
-                snapshot.record_mismatches.append({"path": relative, "problem": problem})
+        else:
+            present = True
+        if hash_field is None and present:
+            continue
+        mismatch = _record_mismatch(relative, hash_field or "", present, digest)
+        if mismatch:
+            snapshot.record_mismatches.append(mismatch)
     return snapshot
 
 
-_TreeNode: TypeAlias = dict[bytes, "Entry | _TreeNode"]
-
-
 def _hash_tree(entries: dict[bytes, Entry]) -> str:
-    """Build git tree objects for ENTRIES in memory and return the root tree's id."""
-    root: _TreeNode = {}
+    """The id of the root tree git would build for ENTRIES (as `git write-tree` does).
+
+    Directories are hashed deepest first, without recursion: a tree may nest deeper than
+    Python's recursion limit.
+    """
+    # Each directory's records: (sort key, name, mode, binary id); git sorts a subtree as if
+    # its name ended in "/".
+    records: dict[bytes, list[tuple[bytes, bytes, bytes, bytes]]] = {b"": []}
     for path, entry in entries.items():
-        node = root
-        *parents, name = path.split(b"/")
-        for parent in parents:
-            child = node.setdefault(parent, {})
-            if isinstance(child, Entry):
-                msg = f"path {os.fsdecode(path)!r} lies under a file of the same name"
-                raise SpecError(msg)
-            node = child
-        node[name] = entry
-    return _hash_tree_node(root)
+        parent, _, name = path.rpartition(b"/")
+        directory = parent
+        while directory not in records:  # every directory up to the root
+            records[directory] = []
+            directory = directory.rpartition(b"/")[0]
+        records[parent].append((name, name, entry.mode.encode(), bytes.fromhex(entry.oid)))
+    for directory in sorted(records, key=lambda d: d.count(b"/"), reverse=True):
+        if not directory:
+            continue
+        if directory in entries:
+            msg = f"a path lies under {os.fsdecode(directory)!r}, a file of the same name"
+            raise SpecError(msg)
+        parent, _, name = directory.rpartition(b"/")
+        tree = bytes.fromhex(_hash_records(records[directory]))
+        records[parent].append((name + b"/", name, _MODE_TREE.encode(), tree))
+    return _hash_records(records[b""])
 
 
-def _hash_tree_node(node: _TreeNode) -> str:
-    records = []  # (sort key, name, mode, binary id)
-    for name, child in node.items():
-        if isinstance(child, Entry):
-            records.append((name, name, child.mode.encode(), bytes.fromhex(child.oid)))
-        else:
-            # git sorts a subtree as if its name ended in "/".
-            subtree = bytes.fromhex(_hash_tree_node(child))
-            records.append((name + b"/", name, _MODE_TREE.encode(), subtree))
-    records.sort()
-    body = b"".join(mode + b" " + name + b"\0" + oid for _key, name, mode, oid in records)
+def _hash_records(records: list[tuple[bytes, bytes, bytes, bytes]]) -> str:
+    body = b"".join(mode + b" " + name + b"\0" + oid for _key, name, mode, oid in sorted(records))
     return hashlib.sha1(b"tree %d\0" % len(body) + body, usedforsecurity=False).hexdigest()

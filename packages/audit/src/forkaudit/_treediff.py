@@ -18,7 +18,7 @@ from types import TracebackType
 
 from forkaudit._errors import GitError
 from forkaudit._git import run_git
-from forkaudit._sources import MODE_GITLINK, Entry, Snapshot
+from forkaudit._sources import MODE_EXECUTABLE, MODE_FILE, MODE_GITLINK, Entry, Snapshot
 
 # Mode changes of a type (file <-> symlink) are reported by git as T; the audit calls them M.
 _STATUS_NAMES = {"A": "A", "M": "M", "D": "D", "R": "R", "T": "M"}
@@ -26,7 +26,11 @@ _STATUS_NAMES = {"A": "A", "M": "M", "D": "D", "R": "R", "T": "M"}
 
 @dataclass
 class FileChange:
-    """One changed path, upstream (old) to fork (new), as `git diff -M` reports it."""
+    """One changed path, upstream (old) to fork (new), as `git diff -M` reports it.
+
+    A large change (a file over `LARGE_FILE_BYTES` on either side) is found by blob id alone:
+    no line counts, no patch.
+    """
 
     path: bytes
     old_path: bytes | None
@@ -40,6 +44,7 @@ class FileChange:
     lines_added: int | None
     lines_removed: int | None
     patch: bytes
+    large: bool = False
 
 
 class ScratchRepo:
@@ -123,6 +128,76 @@ class ScratchRepo:
                 )
             )
         return changes, patch
+
+
+def large_changes(
+    paths: list[bytes], old: dict[bytes, Entry], new: dict[bytes, Entry]
+) -> list[FileChange]:
+    """The changes of PATHS, files too large to diff, judged by mode and blob id alone.
+
+    A large file deleted at one path and added with the same content at another is a rename,
+    as git pairs an exact rename; a large file that moved and changed shows as deleted + added.
+    """
+    regular = {MODE_FILE, MODE_EXECUTABLE}
+    deleted = {old[p].oid: p for p in paths if p not in new and old[p].mode in regular}
+    renamed_from: dict[bytes, bytes] = {}
+    for path in paths:
+        if path not in old and new[path].mode in regular and new[path].oid in deleted:
+            renamed_from[path] = deleted.pop(new[path].oid)
+    changes = []
+    for path in paths:
+        if path in renamed_from.values():
+            continue
+        before = old.get(renamed_from.get(path, path))
+        after = new.get(path)
+        if path in renamed_from:
+            status = "R"
+        else:
+            status = "A" if before is None else "D" if after is None else "M"
+        changes.append(
+            FileChange(
+                path=path,
+                old_path=renamed_from.get(path),
+                status=status,
+                old_mode=before.mode if before else None,
+                new_mode=after.mode if after else None,
+                old_oid=before.oid if before else None,
+                new_oid=after.oid if after else None,
+                similarity=100 if status == "R" else None,
+                binary=False,
+                lines_added=None,
+                lines_removed=None,
+                patch=b"",
+                large=True,
+            )
+        )
+    return changes
+
+
+def blob_sizes(git_dir: Path, oids: list[str]) -> dict[str, int]:
+    """The sizes of the given blobs of a repository, from one `git cat-file --batch-check`."""
+    unique = list(dict.fromkeys(oids))
+    if not unique:
+        return {}
+    request = "".join(f"{oid}\n" for oid in unique).encode()
+    lines = run_git(git_dir, ["cat-file", "--batch-check"], stdin=request).decode().splitlines()
+    sizes = {}
+    for oid, line in zip(unique, lines, strict=True):
+        fields = line.split(" ")
+        if len(fields) != 3:  # "<oid> missing": a repository that lost an object
+            msg = f"object {oid} is missing from {git_dir}"
+            raise GitError(msg)
+        sizes[oid] = int(fields[2])
+    return sizes
+
+
+def changed_lines(patch: bytes) -> list[bytes]:
+    """The added and removed lines of one file's patch section, `+` or `-` first; a binary
+    patch, or none, has no lines."""
+    _header, hunk_marker, body = patch.partition(b"\n@@")
+    if not hunk_marker:
+        return []
+    return [line for line in body.split(b"\n") if line.startswith((b"+", b"-"))]
 
 
 def cat_blobs(git_dir: Path, oids: list[str]) -> dict[str, bytes]:
