@@ -237,8 +237,8 @@ def test_figures_are_copied_beside_the_adrs_and_embedded(adr_dir: Path, tmp_path
     update_adrs(adr_dir, results)
     text = (adr_dir / "0009-int8.md").read_text()
     assert "| kvb_piqa | 0.01 |" in text
-    assert "![Figure: accuracy_deltas.png](assets/accuracy-accuracy_deltas.png)" in text
-    copied = adr_dir / "assets" / "accuracy-accuracy_deltas.png"
+    assert "![Figure: accuracy_deltas.png](assets/accuracy-cpu-accuracy_deltas.png)" in text
+    copied = adr_dir / "assets" / "accuracy-cpu-accuracy_deltas.png"
     assert copied.read_bytes() == png.read_bytes()
     assert not (adr_dir / "assets" / "accuracy-accuracy.json").exists()  # only figures
     # A new figure makes the ADRs stale, though no text changed; the update copies it.
@@ -414,7 +414,7 @@ def test_a_relative_artifact_path_is_read_from_the_run_directory_never_the_cwd(
     _figure_record(results, "accuracy/plot.png")
     monkeypatch.chdir(tmp_path / "cwd")
     assert run_update(capsys, adr_dir, results) == (0, "")
-    assert (adr_dir / "assets" / f"accuracy-{FIGURE}").read_bytes() == PNG + b"the run's"
+    assert (adr_dir / "assets" / f"accuracy-cpu-{FIGURE}").read_bytes() == PNG + b"the run's"
 
 
 def test_an_absolute_artifact_path_inside_the_run_directory_still_reads(
@@ -428,7 +428,7 @@ def test_an_absolute_artifact_path_inside_the_run_directory_still_reads(
     png.write_bytes(PNG + b"old record")
     _figure_record(results, str(png))
     assert run_update(capsys, adr_dir, results) == (0, "")
-    assert (adr_dir / "assets" / f"accuracy-{FIGURE}").read_bytes() == png.read_bytes()
+    assert (adr_dir / "assets" / f"accuracy-cpu-{FIGURE}").read_bytes() == png.read_bytes()
 
 
 def test_write_record_names_artifacts_relative_to_the_run_so_the_run_folder_can_move(
@@ -454,7 +454,7 @@ def test_write_record_names_artifacts_relative_to_the_run_so_the_run_folder_can_
     shutil.move(tmp_path / "results", store)
     monkeypatch.chdir(adr_dir)
     assert run_update(capsys, adr_dir, store) == (0, "")
-    assert (adr_dir / "assets" / f"accuracy-{FIGURE}").read_bytes() == PNG + b"moved"
+    assert (adr_dir / "assets" / f"accuracy-cpu-{FIGURE}").read_bytes() == PNG + b"moved"
 
 
 def test_an_assets_folder_that_links_out_of_the_adr_directory_is_refused(

@@ -209,7 +209,7 @@ def test_eight_writers_with_their_own_tmpdir_and_cwd_lose_no_update(tmp_path: Pa
     outs = [process.communicate(timeout=120) for process in processes]
     assert [p.returncode for p in processes] == [0] * 8, outs
     status = (adr_dir / "0012-fork-audit.md").read_text().split("generated:pipeline-status")[1]
-    assert all(f"| {stage} | passed |" in status for stage in stages)
+    assert all(f"| {stage} | cpu | passed |" in status for stage in stages)
     assert _stray(adr_dir) == []
     assert writers.run("--check").returncode == 0
 
@@ -231,7 +231,7 @@ def test_a_writer_killed_at_any_point_leaves_no_mixed_set_after_the_next_update(
     old = _snapshot(adr_dir)
     _write_run(results, "run-1", "2026-11-29T02:00:00Z", b"first")
     new = _expected(tmp_path, results)
-    assert set(new) == {*old, "README.md", "assets/accuracy-accuracy_deltas.png"}
+    assert set(new) == {*old, "README.md", "assets/accuracy-cpu-accuracy_deltas.png"}
 
     killed = writers.run(hook="kill", event=event, count=str(count))
 

@@ -6,7 +6,7 @@ generated block of every ADR from the latest records, as one set and under the A
 lock.
 """
 
-from adrkit._blocks import BLOCKS, markdown_table, markdown_text, render_block
+from adrkit._blocks import BLOCKS, markdown_table, markdown_text
 from adrkit._document import LANGS
 from adrkit._errors import (
     AdrError,
@@ -15,6 +15,13 @@ from adrkit._errors import (
     RecordError,
     RenderError,
     ResultsError,
+)
+from adrkit._evidence import (
+    Evidence,
+    HardwareClasses,
+    hardware_class,
+    load_evidence,
+    load_hardware,
 )
 from adrkit._provenance import hardware, new_run_id, package_versions, repo_state, utc_now
 from adrkit._record import (
@@ -31,6 +38,8 @@ from adrkit._record import (
     read_record,
     write_record,
 )
+from adrkit._render import Shown, block_keys, render_block
+from adrkit._summary import Decisions, decision_rows, load_decisions, milestone_problems
 from adrkit._writer import UpdateResult, update_adrs
 
 __all__ = [
@@ -41,7 +50,10 @@ __all__ = [
     "STATUSES",
     "AdrError",
     "CommitError",
+    "Decisions",
+    "Evidence",
     "Gate",
+    "HardwareClasses",
     "MarkerError",
     "Provenance",
     "Record",
@@ -49,13 +61,21 @@ __all__ = [
     "RenderError",
     "ResultsError",
     "Scalar",
+    "Shown",
     "Status",
     "Table",
     "UpdateResult",
+    "block_keys",
+    "decision_rows",
     "hardware",
+    "hardware_class",
+    "load_decisions",
+    "load_evidence",
+    "load_hardware",
     "load_latest",
     "markdown_table",
     "markdown_text",
+    "milestone_problems",
     "new_run_id",
     "package_versions",
     "read_record",

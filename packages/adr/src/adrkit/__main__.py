@@ -1,4 +1,4 @@
-"""adrkit's command line: ``adrkit update [--check] [--commit-branch B]``."""
+"""adrkit's command line: ``adrkit update`` (``--help`` lists its options)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 
 from adrkit._errors import AdrError
 from adrkit._writer import update_adrs
+
+DEFAULT_RESULTS = Path(".results")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,8 +23,20 @@ def _parser() -> argparse.ArgumentParser:
     update.add_argument(
         "--results",
         type=Path,
-        default=Path(".results"),
-        help="a results root (newest record per stage) or one run's directory",
+        default=None,
+        help=(
+            "a results root or one run's directory, read with the evidence store "
+            f"(default: {DEFAULT_RESULTS} where it exists, else the evidence store alone)"
+        ),
+    )
+    update.add_argument(
+        "--store",
+        type=Path,
+        metavar="RESULTS",
+        help=(
+            "also keep RESULTS' newest record of each stage and hardware class in the evidence "
+            "store (<adr dir>/evidence), unless it holds a newer one"
+        ),
     )
     update.add_argument(
         "--check",
@@ -39,9 +53,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(argv)
+    results = args.results
+    if results is None and DEFAULT_RESULTS.is_dir():
+        results = DEFAULT_RESULTS
     try:
         result = update_adrs(
-            args.adr_dir, args.results, check=args.check, commit_branch=args.commit_branch
+            args.adr_dir,
+            results,
+            check=args.check,
+            commit_branch=args.commit_branch,
+            store=args.store,
         )
     except AdrError as exc:
         print(f"adrkit: error: {_one_line(str(exc))}", file=sys.stderr)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
-from adrkit._errors import RenderError
+from adrkit._evidence import hardware_class
 from adrkit._record import Record, Scalar, Table
 
 Records = Mapping[str, Record]
@@ -537,25 +538,6 @@ def _gate_table(record: Record, lang: str) -> str:
     return markdown_table(lang, ["gate", "value", "threshold", "verdict"], rows)
 
 
-def render_pipeline_status(records: Records, lang: str) -> str:
-    """Every stage's latest status, with the run that produced it."""
-    rows: list[list[Scalar]] = []
-    for stage in sorted(records):
-        r = records[stage]
-        passed = sum(g.passed for g in r.gates)
-        rows.append(
-            [
-                stage,
-                label(lang, r.status),
-                r.reason or r.summary,
-                f"{passed}/{len(r.gates)}",
-                r.provenance.run_id,
-            ]
-        )
-    table = markdown_table(lang, ["stage", "status", "detail", "gates", "run"], rows)
-    return "\n\n".join([table, *(source_line(records[s], lang) for s in sorted(records))])
-
-
 def _metrics_table(record: Record, lang: str, keys: Sequence[str]) -> str:
     rows: list[list[Scalar]] = [[label(lang, k), record.metrics.get(k)] for k in keys]
     return markdown_table(lang, ["detail", "value"], rows)
@@ -826,9 +808,10 @@ ASSETS_DIR = "assets"
 FIGURE_SIGNATURES = {".png": b"\x89PNG\r\n\x1a\n"}
 
 
-def asset_name(stage: str, artifact: str) -> str:
-    """Where a record's figure is copied beside the ADRs, relative to the ADR directory."""
-    return f"{ASSETS_DIR}/{stage}-{artifact}"
+def asset_name(record: Record, artifact: str) -> str:
+    """Where a record's figure is copied beside the ADRs, relative to the ADR directory: one
+    name per stage, hardware class and figure, since each class's newest record is shown."""
+    return f"{ASSETS_DIR}/{record.stage}-{hardware_class(record)}-{artifact}"
 
 
 def figure_signature(artifact: str) -> bytes | None:
@@ -842,6 +825,18 @@ def figure_signature(artifact: str) -> bytes | None:
 Presenter = Callable[[Table, str], tuple[list[str], list[list[Scalar]]]]
 
 
+@dataclass(frozen=True)
+class StageRenderer:
+    """A renderer of one stage's record; the writer calls it once per hardware class where the
+    stage runs on several (`adrkit._render`)."""
+
+    stage: str
+    render: Renderer
+
+    def __call__(self, records: Records, lang: str) -> str:
+        return self.render(records, lang)
+
+
 def render_record_table(
     stage: str,
     table: str,
@@ -849,7 +844,7 @@ def render_record_table(
     figures: Sequence[str] = (),
     no_baseline_key: str | None = None,
     present: tuple[Presenter, frozenset[str]] | None = None,
-) -> Renderer:
+) -> StageRenderer:
     """A renderer that shows one named table of one stage's record, then the named figures
     the record has (PNG artifacts, which the writer copies beside the ADRs).
 
@@ -883,17 +878,16 @@ def render_record_table(
             body = markdown_text(label(lang, empty_key))
         shown = [
             f"![{markdown_text(label(lang, 'figure'))}: {markdown_text(name)}]"
-            f"({asset_name(stage, name)})"
+            f"({asset_name(record, name)})"
             for name in figures
             if name in record.artifacts
         ]
         return "\n\n".join([body, *shown, source_line(record, lang)])
 
-    return render
+    return StageRenderer(stage, render)
 
 
 BLOCKS: dict[str, Renderer] = {
-    "pipeline-status": render_pipeline_status,
     "audit-summary": render_audit_summary,
     "audit-questions": render_record_table(
         "audit",
@@ -940,11 +934,3 @@ BLOCKS: dict[str, Renderer] = {
         ),
     ),
 }
-
-
-def render_block(key: str, records: Records, lang: str) -> str:
-    renderer = BLOCKS.get(key)
-    if renderer is None:
-        msg = f"no renderer knows block key {key!r}; known keys: {', '.join(sorted(BLOCKS))}"
-        raise RenderError(msg)
-    return renderer(records, lang)

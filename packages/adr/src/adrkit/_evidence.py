@@ -1,32 +1,41 @@
 """Evidence: the newest record of every stage on every hardware class.
 
 A record names the machine that produced it (`Provenance.hardware`). Its accelerator decides the
-record's hardware class: the architecture for an AMD GPU (`gfx90a`), the device's name for any
-other (`nvidia-h200`), and `cpu` for a machine without one. The ADRs show, for each block, the
-newest record of each class, so a CPU night never hides what a GPU node measured.
+record's hardware class: the architecture for an AMD GPU (``gfx90a``), the device's name for any
+other (``nvidia-h200``), and ``cpu`` for a machine without one. The ADRs show, for each stage that
+runs on several classes, the newest record of each class, so a CPU night never hides what a GPU
+node measured.
 
 The evidence store, ``<adr dir>/evidence/``, keeps those records in the repository, so they
-survive a fresh clone: one directory per class, laid out like a run of a results root
+survive a fresh clone: one folder per class, laid out like a run of a results root
 (``<class>/<stage>.json``, and the figures the record embeds under ``<class>/<stage>/``), so a
-stored record is read like any other. `store_evidence` fills it from a results directory; a stored
-record is replaced only by a newer record of the same stage and class, and a skipped stage, which
-measured nothing, never replaces one.
+stored record is read like any other. The ADR writer fills it from a results directory when asked
+(`update_adrs(store=...)`); a stored record is replaced only by a newer record of the same stage
+and class, and a skipped stage, which measured nothing, never replaces one. Nothing else writes
+there.
+
+``<adr dir>/hardware.toml`` names the classes the team expects and the stages each should run, so
+a class that never ran a stage says so instead of being silently absent.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+import tomllib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from adrkit._errors import ResultsError
-from adrkit._record import RECORD_SUFFIX, Record, read_record
+from adrkit._errors import AdrError, ResultsError
+from adrkit._files import FileReadError, read_capped
+from adrkit._record import RECORD_SUFFIX, Record, RecordFile, read_record
 
 EVIDENCE_DIR = "evidence"
+HARDWARE_FILE = "hardware.toml"
 CPU_CLASS = "cpu"
+_CLASS_ID = re.compile(r"[a-z0-9][a-z0-9-]*")
+# A hardware file lists a handful of classes; a large one was not written for adrkit.
+_MAX_HARDWARE_BYTES = 64 * 2**10
 
 
 def hardware_class(record: Record) -> str:
@@ -36,87 +45,172 @@ def hardware_class(record: Record) -> str:
     arch, name = hardware.get("accelerator_arch"), hardware.get("accelerator")
     if isinstance(arch, str) and re.fullmatch(r"gfx[0-9a-f]+", arch):
         return arch
-    if isinstance(name, str) and name.strip():
-        return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or CPU_CLASS
+    if isinstance(name, str):
+        slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+        if slug:
+            return slug
     return CPU_CLASS
 
 
 @dataclass(frozen=True)
+class HardwareClass:
+    """A class the ADRs report: its id, its name in each language, the stages it should run."""
+
+    id: str
+    label: dict[str, str]
+    stages: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HardwareClasses:
+    """The classes of ``hardware.toml``, in its order; empty when the file is absent."""
+
+    classes: tuple[HardwareClass, ...] = ()
+
+    @property
+    def per_hardware_stages(self) -> frozenset[str]:
+        """Stages whose blocks show one section per class."""
+        return frozenset(stage for c in self.classes for stage in c.stages)
+
+    def expected(self, stage: str) -> list[HardwareClass]:
+        return [c for c in self.classes if stage in c.stages]
+
+    def label(self, class_id: str, lang: str, record: Record | None = None) -> str:
+        """The class's name: from the file, else the record's accelerator, else its id."""
+        for known in self.classes:
+            if known.id == class_id:
+                return known.label.get(lang) or known.label.get("en") or class_id
+        name = record.provenance.hardware.get("accelerator") if record is not None else None
+        return name if isinstance(name, str) and name else class_id
+
+
+def load_hardware(adr_dir: Path) -> HardwareClasses:
+    """``<adr dir>/hardware.toml``, checked whole; no file means no expected classes."""
+    path = adr_dir / HARDWARE_FILE
+    if not path.exists():
+        return HardwareClasses()
+    try:
+        data = tomllib.loads(read_capped(path, _MAX_HARDWARE_BYTES).decode("utf-8"))
+    except (FileReadError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as exc:
+        msg = f"cannot read {path}: {exc}"
+        raise AdrError(msg) from None
+    classes = []
+    for class_id, entry in data.items():
+        where = f"{path}: [{class_id}]"
+        if not _CLASS_ID.fullmatch(class_id):
+            msg = f"{where} is not a class id (lowercase letters, digits and '-')"
+            raise AdrError(msg)
+        if not isinstance(entry, dict) or set(entry) != {"label", "stages"}:
+            msg = f"{where} must be a table with exactly `label` and `stages`"
+            raise AdrError(msg)
+        label, stages = entry["label"], entry["stages"]
+        if (
+            not isinstance(label, dict)
+            or not label
+            or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in label.items())
+        ):
+            msg = f'{where} `label` must be a table of language = name, e.g. {{ en = "..." }}'
+            raise AdrError(msg)
+        if not isinstance(stages, list) or not all(isinstance(s, str) for s in stages):
+            msg = f"{where} `stages` must be a list of stage names"
+            raise AdrError(msg)
+        classes.append(HardwareClass(class_id, dict(label), tuple(stages)))
+    return HardwareClasses(tuple(classes))
+
+
+@dataclass(frozen=True)
 class Evidence:
-    """Stage -> hardware class -> the newest record of that stage on that class."""
+    """Stage -> hardware class -> the newest record of that stage on that class, with its file."""
 
-    records: Mapping[str, Mapping[str, Record]]
+    files: dict[str, dict[str, RecordFile]] = field(default_factory=dict)
 
-    def latest(self, stage: str) -> Record | None:
+    def by_class(self, stage: str) -> list[tuple[str, RecordFile]]:
+        """(class, record file) for every class that ran the stage, newest first."""
+        per_class = self.files.get(stage, {})
+        return sorted(
+            per_class.items(), key=lambda item: item[1].record.provenance.ended, reverse=True
+        )
+
+    def latest(self, stage: str) -> RecordFile | None:
         """The stage's newest record on any class."""
         found = self.by_class(stage)
         return found[0][1] if found else None
 
-    def by_class(self, stage: str) -> list[tuple[str, Record]]:
-        """(class, record) for every class that ran the stage, newest first."""
-        records = self.records.get(stage, {})
-        return sorted(records.items(), key=lambda item: item[1].provenance.ended_at, reverse=True)
-
-    def stages(self) -> list[str]:
-        return sorted(self.records)
-
-    def latest_by_stage(self) -> dict[str, Record]:
+    def latest_by_stage(self) -> dict[str, RecordFile]:
         """Each stage's newest record on any class."""
-        return {stage: record for stage in self.records if (record := self.latest(stage))}
+        return {stage: found for stage in sorted(self.files) if (found := self.latest(stage))}
+
+    def all_files(self) -> list[RecordFile]:
+        return [found for per_class in self.files.values() for found in per_class.values()]
 
     def __bool__(self) -> bool:
-        return any(self.records.values())
+        return any(self.files.values())
+
+    @classmethod
+    def of(cls, records: Iterable[Record]) -> Evidence:
+        """The evidence of records held in memory, for rendering: each as if read from
+        ``<stage>.json`` in the current directory (only figures are read from a record's
+        folder, and rendering reads none)."""
+        return collect(RecordFile(Path(f"{r.stage}{RECORD_SUFFIX}"), r) for r in records)
 
 
-def _record_paths(source: Path) -> list[Path]:
+def record_paths(source: Path) -> list[Path]:
     """The record files of a run directory (records directly inside) or of a root of runs."""
     return sorted(source.glob(f"*{RECORD_SUFFIX}")) or sorted(source.glob(f"*/*{RECORD_SUFFIX}"))
 
 
-def collect(records: Iterable[Record]) -> Evidence:
-    """The newest record of each (stage, class) among ``records``."""
-    newest: dict[str, dict[str, Record]] = {}
-    for record in records:
-        per_class = newest.setdefault(record.stage, {})
-        key = hardware_class(record)
+def collect(files: Iterable[RecordFile]) -> Evidence:
+    """The newest record of each (stage, class) among ``files``."""
+    newest: dict[str, dict[str, RecordFile]] = {}
+    for found in files:
+        per_class = newest.setdefault(found.record.stage, {})
+        key = hardware_class(found.record)
         known = per_class.get(key)
-        if known is None or record.provenance.ended_at > known.provenance.ended_at:
-            per_class[key] = record
+        if known is None or found.record.provenance.ended > known.record.provenance.ended:
+            per_class[key] = found
     return Evidence(newest)
 
 
-def load_evidence(sources: Sequence[Path]) -> Evidence:
-    """The evidence of every source that exists: results roots, run directories, evidence stores.
+def read_source(source: Path) -> list[RecordFile]:
+    """Every record of a results root, a run directory or an evidence store; none if the folder
+    does not exist."""
+    if not source.exists():
+        return []
+    if not source.is_dir():
+        msg = f"results directory {source} exists but is not a directory"
+        raise ResultsError(msg)
+    return [RecordFile(path, read_record(path)) for path in record_paths(source)]
 
-    A source that is not a directory is skipped; if no source holds a record, that is an error
-    naming them all, so a mistyped results path is never read as "nothing measured".
-    """
-    found: list[Record] = []
-    for source in sources:
-        if source.is_dir():
-            found += [read_record(path) for path in _record_paths(source)]
-        elif source.exists():
-            msg = f"results directory {source} exists but is not a directory"
-            raise ResultsError(msg)
-    if not found:
+
+def load_evidence(sources: Sequence[Path]) -> Evidence:
+    """The evidence of every source; an error naming them all when none holds a record, so a
+    mistyped results path is never read as "nothing measured"."""
+    evidence = collect(found for source in sources for found in read_source(source))
+    if not evidence:
         names = ", ".join(str(source) for source in sources)
         msg = f"no results records (*{RECORD_SUFFIX}) in {names}"
         raise ResultsError(msg)
-    return collect(found)
+    return evidence
 
 
 def evidence_dir(adr_dir: Path) -> Path:
     return adr_dir / EVIDENCE_DIR
 
 
-def stored_record(record: Record, figures: Mapping[str, str]) -> Record:
-    """The record as the store keeps it: its figures at ``<stage>/<name>`` beside it, its other
-    artifacts (full reports, patches) left in the results directory they came from."""
-    return dataclasses.replace(
-        record, artifacts={name: f"{record.stage}/{name}" for name in sorted(figures)}
-    )
+def stored_path(adr_dir: Path, record: Record) -> Path:
+    """Where the store keeps ``record``: ``evidence/<class>/<stage>.json``."""
+    return evidence_dir(adr_dir) / hardware_class(record) / f"{record.stage}{RECORD_SUFFIX}"
 
 
-def record_json(record: Record) -> str:
-    """A record file's text, as `write_record` writes it."""
-    return json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n"
+def to_store(adr_dir: Path, incoming: Sequence[RecordFile]) -> list[RecordFile]:
+    """The records of ``incoming`` that belong in the store: the newest of each (stage, class),
+    not skipped, and newer than what the store holds for it."""
+    stored = collect(read_source(evidence_dir(adr_dir)))
+    wanted = collect(found for found in incoming if found.record.status != "skipped")
+    chosen = []
+    for stage, per_class in wanted.files.items():
+        for class_id, found in per_class.items():
+            held = stored.files.get(stage, {}).get(class_id)
+            if held is None or found.record.provenance.ended > held.record.provenance.ended:
+                chosen.append(found)
+    return chosen

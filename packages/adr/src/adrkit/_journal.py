@@ -41,7 +41,7 @@ def replace_all(directory: Path, contents: Mapping[Path, bytes]) -> None:
     committed = False
     try:
         for target, data in contents.items():
-            target.parent.mkdir(exist_ok=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
             temps[target] = write_temp(target, data)
         renames = [(temp, target) for target, temp in temps.items()]
         for folder in _folders(directory, renames):

@@ -10,25 +10,31 @@ next update completes first; the temp files of a writer killed earlier are remov
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import quote
 
 import git
 
 from adrkit import _document, _journal
-from adrkit._blocks import (
-    ASSETS_DIR,
-    asset_name,
-    figure_signature,
-    markdown_text,
-    render_block,
+from adrkit._blocks import ASSETS_DIR, asset_name, figure_signature, markdown_text
+from adrkit._errors import AdrError, CommitError, ResultsError
+from adrkit._evidence import (
+    Evidence,
+    collect,
+    evidence_dir,
+    load_hardware,
+    read_source,
+    stored_path,
+    to_store,
 )
-from adrkit._errors import AdrError, CommitError
 from adrkit._files import FileReadError, read_capped, remove_stale_temps
 from adrkit._lock import DirectoryLock
-from adrkit._record import Record, RecordFile, artifact_in_run_dir, latest_records
+from adrkit._record import RECORD_SUFFIX, Record, RecordFile, artifact_in_run_dir
+from adrkit._render import Shown, render_block
+from adrkit._summary import load_decisions
 
 INDEX_NAME = "README.md"
 ADR_GLOB = "[0-9][0-9][0-9][0-9]-*.md"
@@ -60,35 +66,56 @@ def lock_for(adr_dir: Path) -> DirectoryLock:
 
 def update_adrs(
     adr_dir: Path,
-    results: Path,
+    results: Path | None,
     *,
     check: bool = False,
     commit_branch: str | None = None,
+    store: Path | None = None,
     lock_timeout_s: float = LOCK_TIMEOUT_S,
 ) -> UpdateResult:
-    """Render every generated block in ``adr_dir`` from the latest records under ``results``.
+    """Render every generated block in ``adr_dir`` from the evidence: the records under
+    ``results`` (a results root or one run; None: the evidence store alone) and those of the
+    evidence store.
 
-    With ``check``, nothing is written and the result lists the files that are stale. With
-    ``commit_branch``, the change is committed with GitPython on that branch, which must be the
-    one checked out, and only if the work tree is clean before the update. If another writer
-    holds the directory's lock for more than ``lock_timeout_s`` seconds, the update fails and
-    writes nothing. An update that a killed writer committed to is completed first, even by an
-    update that then refuses its own input: completing it is no change of this update's.
+    With ``store``, a results directory, its newest record of each stage and hardware class goes
+    into the evidence store first, unless the store holds a newer one (see `adrkit._evidence`);
+    the records and the ADRs change as one set. With ``check``, nothing is written and the result
+    lists the files that are stale. With ``commit_branch``, the change is committed with GitPython
+    on that branch, which must be the one checked out, and only if the work tree is clean before
+    the update. If another writer holds the directory's lock for more than ``lock_timeout_s``
+    seconds, the update fails and writes nothing. An update that a killed writer committed to is
+    completed first, even by an update that then refuses its own input: completing it is no
+    change of this update's.
     """
     if not adr_dir.is_dir():
         problem = "exists but is not a directory" if adr_dir.exists() else "does not exist"
         msg = f"ADR directory {adr_dir} {problem}"
         raise AdrError(msg)
+    for given, what in ((results, "results directory"), (store, "results directory to store")):
+        if given is not None and not given.is_dir():
+            problem = "exists but is not a directory" if given.exists() else "does not exist"
+            msg = f"{what} {given} {problem}"
+            raise ResultsError(msg)
     with lock_for(adr_dir).acquire(timeout=lock_timeout_s):
         repo = _repo_for_commit(adr_dir, commit_branch) if commit_branch and not check else None
         completed: tuple[Path, ...] = ()
         if not check:
             completed = _journal.roll_forward(adr_dir)
-            for folder in (adr_dir, adr_dir / ASSETS_DIR):
-                if folder.is_dir() and not folder.is_symlink():
-                    remove_stale_temps(folder)
-        records = latest_records(results)
-        planned = _plan(adr_dir, records)
+            for folder in _written_folders(adr_dir):
+                remove_stale_temps(folder)
+        stored = read_source(evidence_dir(adr_dir))
+        incoming = to_store(adr_dir, read_source(store)) if store is not None else []
+        shown_files = [*(read_source(results) if results is not None else []), *stored, *incoming]
+        evidence = collect(shown_files)
+        if not evidence:
+            sources = [str(p) for p in (results, store) if p is not None]
+            msg = (
+                f"no results records (*{RECORD_SUFFIX}) in "
+                f"{', '.join([*sources, str(evidence_dir(adr_dir))])}"
+            )
+            raise ResultsError(msg)
+        shown = Shown(evidence, load_hardware(adr_dir), load_decisions(adr_dir))
+        planned = _plan(adr_dir, shown) | _store_plan(adr_dir, incoming)
         changed = tuple(path for path, content in planned.items() if _current(path) != content)
         if check:
             return UpdateResult(changed)
@@ -97,8 +124,54 @@ def update_adrs(
         changed = tuple(dict.fromkeys([*changed, *completed]))
         commit = None
         if repo is not None and changed:
-            commit = _commit(repo, changed, {s: f.record for s, f in records.items()})
+            shown_records = {f.record.provenance.run_id: f.record for f in evidence.all_files()}
+            commit = _commit(repo, changed, shown_records)
     return UpdateResult(changed, commit)
+
+
+def _written_folders(adr_dir: Path) -> list[Path]:
+    """The folders an update writes into, where a killed writer's temp files may lie."""
+    store = evidence_dir(adr_dir)
+    folders = [adr_dir, adr_dir / ASSETS_DIR, store]
+    if store.is_dir() and not store.is_symlink():
+        for class_dir in sorted(store.iterdir()):
+            if class_dir.is_dir() and not class_dir.is_symlink():
+                folders += [class_dir, *(p for p in sorted(class_dir.iterdir()) if p.is_dir())]
+    return [f for f in folders if f.is_dir() and not f.is_symlink()]
+
+
+def _store_plan(adr_dir: Path, incoming: list[RecordFile]) -> dict[Path, bytes]:
+    """The evidence store's new records and their figures, each figure checked as the ADRs'
+    own are; a record keeps only its figures (`adrkit._evidence`)."""
+    planned: dict[Path, bytes] = {}
+    for found in incoming:
+        target = stored_path(adr_dir, found.record)
+        figures = {}
+        for name, source in found.record.artifacts.items():
+            signature = figure_signature(name)
+            if signature is None:
+                continue
+            data = _figure(found, name, Path(source), signature)
+            if data is not None:
+                figures[name] = data
+        for name, data in figures.items():
+            planned[target.parent / found.record.stage / name] = data
+        kept = {name: f"{found.record.stage}/{name}" for name in sorted(figures)}
+        record = replace(found.record, artifacts=kept)
+        planned[target] = (json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n").encode()
+    _check_inside(adr_dir, planned)
+    return planned
+
+
+def _check_inside(adr_dir: Path, planned: dict[Path, bytes]) -> None:
+    """Refuse a planned file whose folder is a link or a file: the store lives in the ADR
+    directory, and a link there would send its writes elsewhere."""
+    for path in planned:
+        for folder in path.relative_to(adr_dir).parents:
+            real = adr_dir / folder
+            if folder != Path() and (real.is_symlink() or (real.exists() and not real.is_dir())):
+                msg = f"{real} must be a directory in {adr_dir}, not a link or a file"
+                raise AdrError(msg)
 
 
 def _current(path: Path) -> bytes | None:
@@ -112,9 +185,9 @@ def _current(path: Path) -> bytes | None:
         raise AdrError(msg) from None
 
 
-def _plan(adr_dir: Path, records: dict[str, RecordFile]) -> dict[Path, bytes]:
-    """The new bytes of every ADR and of the index, and the figures the records carry (copied
-    beside the ADRs, where the blocks link them), computed before anything is written."""
+def _plan(adr_dir: Path, shown: Shown) -> dict[Path, bytes]:
+    """The new bytes of every ADR and of the index, and the figures of the records shown
+    (copied beside the ADRs, where the blocks link them), computed before anything is written."""
     paths = sorted(adr_dir.glob(ADR_GLOB))
     if not paths:
         # The index would replace whatever README.md is there, e.g. a project's own README when
@@ -122,7 +195,6 @@ def _plan(adr_dir: Path, records: dict[str, RecordFile]) -> dict[Path, bytes]:
         msg = f"no ADRs (NNNN-*.md) in {adr_dir}"
         raise AdrError(msg)
     documents = [_document.parse(path, _read_adr(path)) for path in paths]
-    shown = {stage: found.record for stage, found in records.items()}
     planned: dict[Path, bytes] = {
         doc.path: doc.with_bodies(
             {b.key: render_block(b.key, shown, doc.lang) for b in doc.blocks}
@@ -138,7 +210,7 @@ def _plan(adr_dir: Path, records: dict[str, RecordFile]) -> dict[Path, bytes]:
                 "adrkit reads; the records' tables are too large for an ADR"
             )
             raise AdrError(msg)
-    planned |= _figures(adr_dir, records)
+    planned |= _figures(adr_dir, shown.evidence)
     return planned
 
 
@@ -157,20 +229,20 @@ def _index_text(index: Path) -> str:
     return current.decode("utf-8", errors="replace") if current is not None else ""
 
 
-def _figures(adr_dir: Path, records: dict[str, RecordFile]) -> dict[Path, bytes]:
+def _figures(adr_dir: Path, evidence: Evidence) -> dict[Path, bytes]:
     """The figures to copy beside the ADRs, each checked to be a file of the record's own run
     directory and of the type its name says. A figure whose file is gone (the results were
     moved or pruned) keeps its last copy: the ADR still links it, and it is still the figure of
     the record the block shows."""
     figures: dict[Path, bytes] = {}
-    for stage, found in records.items():
+    for found in evidence.all_files():
         for name, source in found.record.artifacts.items():
             signature = figure_signature(name)
             if signature is None:
                 continue
             data = _figure(found, name, Path(source), signature)
             if data is not None:
-                figures[adr_dir / asset_name(stage, name)] = data
+                figures[adr_dir / asset_name(found.record, name)] = data
     assets = adr_dir / ASSETS_DIR
     if figures and (assets.is_symlink() or (assets.exists() and not assets.is_dir())):
         msg = f"{assets} must be a directory in {adr_dir}, not a link or a file"

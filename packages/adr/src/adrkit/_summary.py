@@ -1,0 +1,664 @@
+"""The decision summaries: one row per question a decision rests on, answered from the evidence.
+
+``<adr dir>/decisions.toml`` declares, per summary block (``decision-0009``, ``decision-0010``,
+``decision-0012``), its rows in order: which answer (one of `ANSWERS`, each reading named tables
+and metrics of one stage's records), the question in each language, an optional gate on the
+row's figure, and whether a milestone needs the row. A row shows its answer, figure, hardware,
+date and verdict; a row nothing measured says "not measured" and why. `milestone_problems` is
+what a strict milestone run checks: every row it needs measured, passing and fresh.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from adrkit._blocks import Markdown, code_cell, markdown_table, markdown_text
+from adrkit._errors import AdrError, RecordError
+from adrkit._evidence import (
+    Evidence,
+    HardwareClasses,
+    collect,
+    evidence_dir,
+    hardware_class,
+    load_hardware,
+    read_source,
+)
+from adrkit._files import FileReadError, read_capped
+from adrkit._record import Gate, Record, Scalar, Table
+
+DECISIONS_FILE = "decisions.toml"
+_MAX_DECISIONS_BYTES = 256 * 2**10
+
+# Words of the summaries, in each ADR language. Fields are filled with Markdown-escaped text.
+_LABELS: dict[str, dict[str, str]] = {
+    "en": {
+        "question": "Question",
+        "answer": "Answer",
+        "figure": "Figure",
+        "hardware": "Hardware",
+        "date": "Date",
+        "verdict": "Verdict",
+        "not-measured": "not measured",
+        "no-gate": "no gate",
+        "inconclusive": "inconclusive",
+        "not-yet-run": "{hardware}: not yet run",
+        "compiled-not-yet-run": "{hardware}: compiled, not yet run",
+        "why-no-record": "stage `{stage}` has no record",
+        "why-no-timed": "no timed cell (functional checks only, or none ran)",
+        "why-no-metric": "the record has no `{metric}`",
+        "why-no-rows": "no rows of the kind it needs",
+        "no-decisions": "No rows: {file} declares none for this block.",
+        "kv-memory": "INT8 stores a token's K and V in {ratio} the bytes of the 16-bit cache",
+        "speedup": "INT8 takes {low} to {high} less time than 16-bit ({cells})",
+        "speedup-cells": "min to max over the timed cells",
+        "divergence": (
+            "mean KLD {kld}, same top-1 {top1}, perplexity ratio {ppl}, on {positions} positions"
+        ),
+        "tasks": "{passed} passed, {inconclusive} inconclusive, {failed} failed of {rows}",
+        "correct": "worst error {worst} of its tolerance; {edge} edge cases failed",
+        "build": "{cells} cells, {failed} failed; at least {waves} waves per SIMD; {spills} spills",
+        "runs": "correctness on {hardware}: {status}",
+        "block-size": "block {best} is fastest: {figures}",
+        "compile": "fastest: {best}; {figures}",
+        "int8-e2e": "INT8 end to end at {ratio} the 16-bit throughput ({cells} cells)",
+        "capacity": "INT8 holds {ratio} the tokens of `auto` in the same budget ({tokens})",
+        "fork-same": "yes: {total} files differ, none a vendor change in a risk area",
+        "fork-differs": "no: {risk} of {total} differing files are vendor changes in risk areas",
+        "stream": "{count} vendor change(s) in stream {stream}{files}",
+        "kv-dtypes": "FP8 KV cache: {fp8}; INT8 KV cache: {int8}; backends: {backend}",
+    },
+    "zh": {
+        "question": "问题",
+        "answer": "回答",
+        "figure": "数据",
+        "hardware": "硬件",
+        "date": "日期",
+        "verdict": "结论",
+        "not-measured": "未测量",
+        "no-gate": "无门限",
+        "inconclusive": "无定论",
+        "not-yet-run": "{hardware}：尚未运行",
+        "compiled-not-yet-run": "{hardware}：已编译，尚未运行",
+        "why-no-record": "阶段 `{stage}` 没有记录",
+        "why-no-timed": "没有计时的单元（只有功能检查，或没有运行）",
+        "why-no-metric": "记录中没有 `{metric}`",
+        "why-no-rows": "没有所需类型的行",
+        "no-decisions": "没有行：{file} 没有为此块声明任何行。",
+        "kv-memory": "INT8 存储一个 token 的 K 和 V 所需字节为 16 位缓存的 {ratio}",
+        "speedup": "INT8 耗时比 16 位少，加速比 {low} 至 {high}（{cells}）",
+        "speedup-cells": "所有计时单元中的最小值至最大值",
+        "divergence": "平均 KLD {kld}，top-1 相同 {top1}，困惑度比 {ppl}，共 {positions} 个位置",
+        "tasks": "共 {rows} 项：{passed} 项通过，{inconclusive} 项无定论，{failed} 项失败",
+        "correct": "最大误差为容差的 {worst}；{edge} 个边界用例失败",
+        "build": "{cells} 个单元，{failed} 个失败；每 SIMD 至少 {waves} 个波；溢出 {spills}",
+        "runs": "{hardware} 上的正确性检查：{status}",
+        "block-size": "块大小 {best} 最快：{figures}",
+        "compile": "最快：{best}；{figures}",
+        "int8-e2e": "INT8 端到端吞吐为 16 位的 {ratio}（{cells} 个单元）",
+        "capacity": "同一预算下 INT8 容纳的 token 数为 `auto` 的 {ratio}（{tokens}）",
+        "fork-same": "是：{total} 个文件不同，其中没有落入风险区域的厂商改动",
+        "fork-differs": "否：{total} 个不同文件中有 {risk} 个是风险区域内的厂商改动",
+        "stream": "计划流 {stream} 中有 {count} 个厂商改动{files}",
+        "kv-dtypes": "FP8 KV 缓存：{fp8}；INT8 KV 缓存：{int8}；注意力后端：{backend}",
+    },
+}
+_STATUS = {
+    "en": {"passed": "passed", "failed": "failed", "skipped": "skipped"},
+    "zh": {"passed": "通过", "failed": "失败", "skipped": "跳过"},
+}
+_ANSWER_WORDS = {
+    "en": {"yes": "yes", "no": "no", "unknown": "unknown", "mentioned": "mentioned"},
+    "zh": {"yes": "是", "no": "否", "unknown": "未知", "mentioned": "被提及"},
+}
+
+
+def summary_label(lang: str, key: str, **fields: str) -> str:
+    """A summary word or sentence in ``lang``; the caller escapes it."""
+    text = _LABELS[lang][key]
+    return text.format(**fields) if fields else text
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What an answer found: its sentence (Markdown), figure, the record it read, and the value
+    a row's gate judges (None: the row takes the record's own verdict)."""
+
+    answer: str
+    figure: str
+    record: Record
+    value: float | None = None
+    verdict: str | None = None  # passed | failed | inconclusive, when the record decides
+
+
+@dataclass(frozen=True)
+class NotMeasured:
+    why: str
+
+
+Result = Measured | NotMeasured
+Answer = Callable[[Evidence, HardwareClasses, str], Result]
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    id: str
+    answer: str
+    question: dict[str, str]
+    gate: tuple[str, float] | None = None
+    milestone: bool = False
+
+
+@dataclass(frozen=True)
+class Decisions:
+    blocks: dict[str, tuple[RowSpec, ...]] = field(default_factory=dict)
+    max_age_days: float | None = None
+
+
+@dataclass(frozen=True)
+class DecisionRow:
+    """One rendered row: the question, and what the evidence says, with its verdict."""
+
+    spec: RowSpec
+    result: Measured | NotMeasured
+    verdict: str  # passed | failed | inconclusive | no-gate | not-measured
+
+    @property
+    def record(self) -> Record | None:
+        return self.result.record if isinstance(self.result, Measured) else None
+
+
+# ---- the answers: each reads the newest record of one stage that has what it needs ----
+
+
+def _newest(evidence: Evidence, stage: str, wanted: Callable[[Record], bool]) -> Record | None:
+    return next((f.record for _, f in evidence.by_class(stage) if wanted(f.record)), None)
+
+
+def _number(record: Record, metric: str) -> float | None:
+    value = record.metrics.get(metric)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _count(record: Record, metric: str) -> str:
+    return str(int(_number(record, metric) or 0))
+
+
+def _rows(table: Table | None, **where: Scalar) -> list[dict[str, Scalar]]:
+    if table is None:
+        return []
+    rows = [dict(zip(table.columns, row, strict=True)) for row in table.rows]
+    return [row for row in rows if all(row.get(k) == v for k, v in where.items())]
+
+
+def _float(value: Scalar) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _gates_verdict(record: Record, prefix: str = "") -> str:
+    gates = [g for g in record.gates if g.name.startswith(prefix)]
+    if not gates:
+        return "passed" if record.status == "passed" else "failed"
+    return "passed" if all(g.passed for g in gates) else "failed"
+
+
+def _x(value: float) -> str:
+    return f"{value:.3g}×"
+
+
+def _missing(evidence: Evidence, stage: str, metric: str, lang: str) -> NotMeasured:
+    if evidence.latest(stage) is None:
+        return NotMeasured(summary_label(lang, "why-no-record", stage=stage))
+    return NotMeasured(summary_label(lang, "why-no-metric", metric=metric))
+
+
+def _measured(lang: str, key: str, figure: str, record: Record, **fields: str) -> Measured:
+    return Measured(markdown_text(summary_label(lang, key, **fields)), figure, record)
+
+
+def _kv_memory(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+    metric = "int8_bytes_per_token_vs_16bit"
+    record = _newest(evidence, "throughput", lambda r: _number(r, metric) is not None)
+    if record is None:
+        return _missing(evidence, "throughput", metric, lang)
+    ratio = _number(record, metric) or 0.0
+    found = _measured(lang, "kv-memory", _x(ratio), record, ratio=_x(ratio))
+    return replace(found, value=ratio)
+
+
+def _speedup(op: str) -> Answer:
+    low_metric, high_metric = f"{op}_speedup_vs_16bit_min", f"{op}_speedup_vs_16bit_max"
+
+    def answer(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+        record = _newest(evidence, "throughput", lambda r: _number(r, low_metric) is not None)
+        if record is None:
+            if evidence.latest("throughput") is None:
+                return _missing(evidence, "throughput", low_metric, lang)
+            return NotMeasured(summary_label(lang, "why-no-timed"))
+        low = _number(record, low_metric) or 0.0
+        high = _number(record, high_metric) or low
+        cells = summary_label(lang, "speedup-cells")
+        figure = f"{_x(low)} – {_x(high)}"
+        found = _measured(lang, "speedup", figure, record, low=_x(low), high=_x(high), cells=cells)
+        return replace(found, value=low)
+
+    return answer
+
+
+def _divergence(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+    metric = "divergence_mean_kld"
+    record = _newest(evidence, "accuracy", lambda r: _number(r, metric) is not None)
+    if record is None:
+        return _missing(evidence, "accuracy", metric, lang)
+    kld = (
+        f"{_number(record, metric):.3g} ± {_number(record, 'divergence_mean_kld_stderr') or 0:.1g}"
+    )
+    fields = {
+        "kld": kld,
+        "top1": f"{_number(record, 'divergence_same_top1') or 0:.2%}",
+        "ppl": f"{_number(record, 'divergence_ppl_ratio') or 0:.4f}",
+        "positions": _count(record, "divergence_positions"),
+    }
+    verdict = _gates_verdict(record, "divergence")
+    if record.metrics.get("divergence_controls_failed") != 0:
+        verdict = "failed"  # a control that misbehaved voids the measurement
+    return replace(_measured(lang, "divergence", kld, record, **fields), verdict=verdict)
+
+
+def _tasks(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+    record = _newest(evidence, "accuracy", lambda r: _number(r, "rows_inconclusive") is not None)
+    if record is None:
+        return _missing(evidence, "accuracy", "rows_inconclusive", lang)
+    counts = {k: _count(record, f"rows_{k}") for k in ("passed", "inconclusive", "failed")}
+    rows = _count(record, "rows")
+    found = _measured(lang, "tasks", f"{counts['passed']}/{rows}", record, rows=rows, **counts)
+    verdict = "passed"
+    if counts["failed"] != "0":
+        verdict = "failed"
+    elif counts["inconclusive"] != "0":
+        verdict = "inconclusive"
+    return replace(found, verdict=verdict)
+
+
+def _correctness(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+    metric = "worst_error_to_tolerance"
+    record = _newest(evidence, "correctness", lambda r: _number(r, metric) is not None)
+    if record is None:
+        return _missing(evidence, "correctness", metric, lang)
+    worst = f"{_number(record, metric):.2g}"
+    edge = _count(record, "edge_cases_failed")
+    found = _measured(lang, "correct", worst, record, worst=worst, edge=edge)
+    return replace(found, verdict=_gates_verdict(record))
+
+
+def _built_for(record: Record, target: str) -> list[dict[str, Scalar]]:
+    return _rows(record.tables.get("resources"), target=target)
+
+
+def _gfx90a_build(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+    record = _newest(evidence, "kernels", lambda r: bool(_built_for(r, "gfx90a")))
+    if record is None:
+        return _missing(evidence, "kernels", "resources", lang)
+    rows = _built_for(record, "gfx90a")
+    total = {k: sum(int(_float(r[k]) or 0) for r in rows) for k in ("cells", "failed")}
+    spills = sum(int(_float(r["spill_bytes"]) or 0) for r in rows)
+    waves = min((int(w) for r in rows if (w := _float(r["waves_per_simd"])) is not None), default=0)
+    fields = {k: str(v) for k, v in total.items()} | {"waves": str(waves), "spills": str(spills)}
+    found = _measured(lang, "build", f"≥ {waves}", record, **fields)
+    verdict = "passed" if total["failed"] == 0 and spills == 0 and record.gates_passed else "failed"
+    return replace(found, value=float(waves), verdict=verdict)
+
+
+def _gfx90a_runs(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+    name = hardware.label("gfx90a", lang)
+    for stage in ("correctness", "throughput", "accuracy"):
+        found = dict(evidence.by_class(stage)).get("gfx90a")
+        if found is not None:
+            record = found.record
+            status = _STATUS[lang][record.status]
+            measured = _measured(lang, "runs", status, record, hardware=name, status=status)
+            return replace(measured, verdict=_gates_verdict(record))
+    kernels = evidence.latest("kernels")
+    built = _built_for(kernels.record, "gfx90a") if kernels is not None else []
+    compiled = bool(built) and all(row["failed"] == 0 for row in built)
+    key = "compiled-not-yet-run" if compiled else "not-yet-run"
+    return NotMeasured(summary_label(lang, key, hardware=name))
+
+
+_INT8 = "int8_per_token_head"
+_SHAPE = ("block_size", "input_len", "output_len", "batch", "compilation", "graphs")
+
+
+def _timed_e2e(record: Record, bench: str) -> list[dict[str, Scalar]]:
+    """The end-to-end cells of ``bench`` that were timed and measured."""
+    rows = _rows(record.tables.get("e2e"), bench=bench)
+    return [
+        row
+        for row in rows
+        if row.get("measurement") == "timed"
+        and row.get("verdict") == "passed"
+        and _float(row.get("value")) is not None
+    ]
+
+
+def _block_size(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+    def by_block(record: Record) -> dict[Scalar, float]:
+        best: dict[Scalar, float] = {}
+        for row in _timed_e2e(record, "throughput"):
+            if row["kv_cache_dtype"] != _INT8:
+                value = _float(row["value"]) or 0.0
+                best[row["block_size"]] = max(best.get(row["block_size"], 0.0), value)
+        return best
+
+    record = _newest(evidence, "throughput", lambda r: len(by_block(r)) > 1)
+    if record is None:
+        return NotMeasured(summary_label(lang, "why-no-rows"))
+    ranked = sorted(by_block(record).items(), key=lambda item: -item[1])
+    figures = ", ".join(f"{block}: {value:.4g} tok/s" for block, value in ranked)
+    return _measured(
+        lang, "block-size", str(ranked[0][0]), record, best=str(ranked[0][0]), figures=figures
+    )
+
+
+def _compilation(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+    def by_variant(record: Record) -> dict[str, float]:
+        best: dict[str, float] = {}
+        for row in _timed_e2e(record, "latency"):
+            name = f"O{row['compilation']} {'graphs' if row['graphs'] else 'eager'}"
+            best[name] = min(best.get(name, math.inf), _float(row["value"]) or math.inf)
+        return best
+
+    record = _newest(evidence, "throughput", lambda r: len(by_variant(r)) > 1)
+    if record is None:
+        return NotMeasured(summary_label(lang, "why-no-rows"))
+    ranked = sorted(by_variant(record).items(), key=lambda item: item[1])
+    figures = ", ".join(f"{name}: {value:.4g} s" for name, value in ranked)
+    return _measured(lang, "compile", ranked[0][0], record, best=ranked[0][0], figures=figures)
+
+
+def _int8_e2e(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+    def ratios(record: Record) -> list[float]:
+        rows = _timed_e2e(record, "throughput")
+        baseline = {tuple(r[k] for k in _SHAPE): r for r in rows if r["kv_cache_dtype"] != _INT8}
+        found = []
+        for row in rows:
+            base = baseline.get(tuple(row[k] for k in _SHAPE))
+            if row["kv_cache_dtype"] == _INT8 and base is not None and _float(base["value"]):
+                found.append((_float(row["value"]) or 0.0) / (_float(base["value"]) or 1.0))
+        return found
+
+    record = _newest(evidence, "throughput", lambda r: bool(ratios(r)))
+    if record is None:
+        return NotMeasured(summary_label(lang, "why-no-timed"))
+    found = ratios(record)
+    figure = f"{_x(min(found))} – {_x(max(found))}"
+    measured = _measured(lang, "int8-e2e", figure, record, ratio=figure, cells=str(len(found)))
+    return replace(measured, value=min(found))
+
+
+def _capacity(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+    def ratio(record: Record) -> tuple[float, str] | None:
+        rows = _rows(record.tables.get("capacity"), source_kind="engine")
+        auto = {r["block_size"]: r for r in rows if r.get("kv_cache_dtype") == "auto"}
+        for row in rows:
+            base = auto.get(row["block_size"])
+            tokens = _float(row["max_tokens"])
+            base_tokens = _float(base["max_tokens"]) if base is not None else None
+            if row.get("kv_cache_dtype") == _INT8 and tokens and base_tokens:
+                return tokens / base_tokens, f"{tokens:,.0f} / {base_tokens:,.0f}"
+        return None
+
+    record = _newest(evidence, "throughput", lambda r: ratio(r) is not None)
+    if record is None:
+        return NotMeasured(summary_label(lang, "why-no-rows"))
+    value, tokens = ratio(record) or (0.0, "")
+    measured = _measured(lang, "capacity", _x(value), record, ratio=_x(value), tokens=tokens)
+    return replace(measured, value=value)
+
+
+def _fork_base(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+    record = _newest(evidence, "audit", lambda r: isinstance(r.metrics.get("surprise"), bool))
+    if record is None:
+        return _missing(evidence, "audit", "surprise", lang)
+    key = "fork-differs" if record.metrics["surprise"] else "fork-same"
+    total, risk = _count(record, "files_total"), _count(record, "vendor_risk_files")
+    measured = _measured(lang, key, f"{risk}/{total}", record, total=total, risk=risk)
+    return replace(measured, verdict=_gates_verdict(record))
+
+
+def _stream(stream: str) -> Answer:
+    metric = f"vendor_risk_stream_{stream.lower()}"
+
+    def answer(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+        record = _newest(evidence, "audit", lambda r: _number(r, metric) is not None)
+        if record is None:
+            return _missing(evidence, "audit", metric, lang)
+        count = _count(record, metric)
+        findings = _rows(record.tables.get("findings"), stream=stream)
+        paths = sorted({str(row["path"]) for row in findings})
+        files = "".join(
+            [": ", ", ".join(code_cell(p) for p in paths[:5]), ", …" if len(paths) > 5 else ""]
+        )
+        sentence = summary_label(lang, "stream", count=count, stream=stream)
+        verdict = "passed" if count == "0" else "failed"
+        answer = markdown_text(sentence) + (files if paths else "")
+        return Measured(answer, count, record, value=float(count), verdict=verdict)
+
+    return answer
+
+
+def _kv_dtypes(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+    record = _newest(evidence, "audit", lambda r: bool(_rows(r.tables.get("questions"))))
+    if record is None:
+        return _missing(evidence, "audit", "questions", lang)
+    answers = {str(r["question"]): str(r["answer"]) for r in _rows(record.tables.get("questions"))}
+    words = _ANSWER_WORDS[lang]
+    asked = {"fp8": "fp8_kv_cache", "int8": "int8_kv_cache", "backend": "attention_backend"}
+    fields = {key: words.get(answers.get(question, ""), "—") for key, question in asked.items()}
+    changed = [q for q in asked.values() if answers.get(q) in ("yes", "unknown")]
+    measured = _measured(lang, "kv-dtypes", str(len(changed)), record, **fields)
+    return replace(measured, verdict="failed" if changed else "passed")
+
+
+ANSWERS: dict[str, Answer] = {
+    "kv-memory": _kv_memory,
+    "decode-speed": _speedup("decode"),
+    "prefill-speed": _speedup("prefill"),
+    "divergence": _divergence,
+    "tasks": _tasks,
+    "correctness": _correctness,
+    "gfx90a-build": _gfx90a_build,
+    "gfx90a-runs": _gfx90a_runs,
+    "block-size": _block_size,
+    "compilation": _compilation,
+    "int8-e2e": _int8_e2e,
+    "kv-capacity": _capacity,
+    "fork-base": _fork_base,
+    "stream-a": _stream("A"),
+    "stream-b": _stream("B"),
+    "stream-c": _stream("C"),
+    "kv-dtypes": _kv_dtypes,
+}
+
+
+# ---- the declarations, the rows and the blocks ----
+
+
+def load_decisions(adr_dir: Path) -> Decisions:
+    """``<adr dir>/decisions.toml``, checked whole; no file means no summaries."""
+    path = adr_dir / DECISIONS_FILE
+    if not path.exists():
+        return Decisions()
+    try:
+        data = tomllib.loads(read_capped(path, _MAX_DECISIONS_BYTES).decode("utf-8"))
+    except (FileReadError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as exc:
+        msg = f"cannot read {path}: {exc}"
+        raise AdrError(msg) from None
+    max_age = None
+    blocks: dict[str, tuple[RowSpec, ...]] = {}
+    for key, value in data.items():
+        if key == "milestone":
+            max_age = _max_age(path, value)
+        elif key in SUMMARY_KEYS and isinstance(value, list):
+            blocks[key] = tuple(_row_spec(path, key, i, entry) for i, entry in enumerate(value))
+        else:
+            msg = f"{path}: `{key}` is not one of milestone, {', '.join(SUMMARY_KEYS)} ([[...]])"
+            raise AdrError(msg)
+    return Decisions(blocks, max_age)
+
+
+def _max_age(path: Path, value: object) -> float:
+    age = value.get("max_age_days") if isinstance(value, dict) else None
+    if not isinstance(value, dict) or set(value) != {"max_age_days"} or not _positive(age):
+        msg = f"{path}: [milestone] must hold exactly `max_age_days`, a positive number"
+        raise AdrError(msg)
+    return float(age)  # type: ignore[arg-type]
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def _row_spec(path: Path, block: str, index: int, entry: object) -> RowSpec:
+    where = f"{path}: {block}[{index}]"
+    known = {"answer", "question", "gate", "milestone"}
+    if not isinstance(entry, dict) or not {"answer", "question"} <= set(entry) <= known:
+        msg = f"{where} must be a table of `answer`, `question` and optional `gate`, `milestone`"
+        raise AdrError(msg)
+    answer, question = entry["answer"], entry["question"]
+    if answer not in ANSWERS:
+        msg = f"{where}: answer {answer!r} is not one of {', '.join(ANSWERS)}"
+        raise AdrError(msg)
+    if not isinstance(question, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v for k, v in question.items()
+    ):
+        msg = f"{where}: `question` must be a table of language = text"
+        raise AdrError(msg)
+    gate = entry.get("gate")
+    parsed_gate = None
+    if gate is not None:
+        threshold = gate.get("threshold") if isinstance(gate, dict) else None
+        op = gate.get("op") if isinstance(gate, dict) else None
+        if not isinstance(gate, dict) or set(gate) != {"op", "threshold"}:
+            msg = f"{where}: `gate` must be {{ op = ..., threshold = ... }}"
+            raise AdrError(msg)
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+            msg = f"{where}: gate threshold {threshold!r} is not a number"
+            raise AdrError(msg)
+        try:
+            Gate.judge(answer, 0.0, str(op), float(threshold))
+        except RecordError as exc:
+            raise AdrError(f"{where}: {exc}") from None
+        if not math.isfinite(threshold):
+            msg = f"{where}: gate threshold {threshold!r} is not finite"
+            raise AdrError(msg)
+        parsed_gate = (str(op), float(threshold))
+    milestone = entry.get("milestone", False)
+    if not isinstance(milestone, bool):
+        msg = f"{where}: `milestone` must be true or false"
+        raise AdrError(msg)
+    return RowSpec(answer, answer, dict(question), parsed_gate, milestone)
+
+
+def decision_rows(
+    block: str, decisions: Decisions, evidence: Evidence, hardware: HardwareClasses, lang: str
+) -> list[DecisionRow]:
+    rows = []
+    for spec in decisions.blocks.get(block, ()):
+        result = ANSWERS[spec.answer](evidence, hardware, lang)
+        rows.append(DecisionRow(spec, result, _verdict(spec, result)))
+    return rows
+
+
+def _verdict(spec: RowSpec, result: Result) -> str:
+    if isinstance(result, NotMeasured):
+        return "not-measured"
+    if spec.gate is not None and result.value is not None:
+        op, threshold = spec.gate
+        gate_verdict = (
+            "passed" if Gate.judge(spec.id, result.value, op, threshold).passed else "failed"
+        )
+        if result.verdict == "failed":
+            return "failed"
+        return gate_verdict
+    return result.verdict or "no-gate"
+
+
+def render_summary(
+    block: str, evidence: Evidence, hardware: HardwareClasses, decisions: Decisions, lang: str
+) -> str:
+    """The decision summary ``block``: a table of its rows, in the ADR's language."""
+    rows = decision_rows(block, decisions, evidence, hardware, lang)
+    if not rows:
+        return markdown_text(summary_label(lang, "no-decisions", file=DECISIONS_FILE))
+    return markdown_table(lang, _COLUMNS, [_cells(row, hardware, lang) for row in rows])
+
+
+_COLUMNS = ["question", "answer", "figure", "hardware", "date", "verdict"]
+
+
+def _cells(row: DecisionRow, hardware: HardwareClasses, lang: str) -> list[Scalar]:
+    question = row.spec.question.get(lang) or row.spec.question.get("en") or row.spec.id
+    verdict = Markdown(markdown_text(_verdict_word(row.verdict, lang)))
+    if isinstance(row.result, NotMeasured):
+        missing = Markdown(markdown_text(summary_label(lang, "not-measured")))
+        return [question, Markdown(markdown_text(row.result.why)), missing, None, None, verdict]
+    record = row.result.record
+    name = hardware.label(hardware_class(record), lang, record)
+    date = record.provenance.ended.strftime("%Y-%m-%d")
+    return [
+        question,
+        Markdown(row.result.answer),
+        Markdown(markdown_text(row.result.figure)),
+        name,
+        date,
+        verdict,
+    ]
+
+
+def _verdict_word(verdict: str, lang: str) -> str:
+    if verdict in _STATUS[lang]:
+        return _STATUS[lang][verdict]
+    key = {"not-measured": "not-measured", "no-gate": "no-gate", "inconclusive": "inconclusive"}
+    return summary_label(lang, key[verdict])
+
+
+def milestone_problems(
+    adr_dir: Path, results: Path | None, now: datetime | None = None
+) -> list[str]:
+    """One line per decision-summary row a milestone needs (``milestone = true``) that is not
+    measured, failed, or older than ``max_age_days``, from the evidence of ``results`` and the
+    store; empty when the milestone's evidence stands."""
+    decisions, hardware = load_decisions(adr_dir), load_hardware(adr_dir)
+    sources = [*([results] if results is not None else []), evidence_dir(adr_dir)]
+    evidence = collect(found for source in sources for found in read_source(source))
+    now = now or datetime.now(UTC)
+    problems = []
+    for block in decisions.blocks:
+        for row in decision_rows(block, decisions, evidence, hardware, "en"):
+            if not row.spec.milestone:
+                continue
+            where = f"{block} row `{row.spec.id}`"
+            if isinstance(row.result, NotMeasured):
+                problems.append(f"{where}: not measured ({row.result.why})")
+                continue
+            if row.verdict == "failed":
+                problems.append(f"{where}: failed ({row.result.figure})")
+            age = now - row.result.record.provenance.ended
+            if decisions.max_age_days is not None and age > timedelta(days=decisions.max_age_days):
+                problems.append(
+                    f"{where}: its evidence is {age.days} days old, over the "
+                    f"{decisions.max_age_days:g} a milestone accepts"
+                )
+    return problems
+
+
+SUMMARY_KEYS = ("decision-0009", "decision-0010", "decision-0012")
