@@ -48,9 +48,9 @@ _LABELS: dict[str, dict[str, str]] = {
         "inconclusive": "inconclusive",
         "not-yet-run": "{hardware}: not yet run",
         "compiled-not-yet-run": "{hardware}: compiled, not yet run",
-        "why-no-record": "stage `{stage}` has no record",
+        "why-no-record": "stage {stage} has no record",
         "why-no-timed": "no timed cell (functional checks only, or none ran)",
-        "why-no-metric": "the record has no `{metric}`",
+        "why-no-metric": "the record has no {metric}",
         "why-no-rows": "no rows of the kind it needs",
         "no-decisions": "No rows: {file} declares none for this block.",
         "kv-memory": "INT8 stores a token's K and V in {ratio} the bytes of the 16-bit cache",
@@ -69,7 +69,7 @@ _LABELS: dict[str, dict[str, str]] = {
         "capacity": "INT8 holds {ratio} the tokens of `auto` in the same budget ({tokens})",
         "fork-same": "yes: {total} files differ, none a vendor change in a risk area",
         "fork-differs": "no: {risk} of {total} differing files are vendor changes in risk areas",
-        "stream": "{count} vendor change(s) in stream {stream}{files}",
+        "stream": "{count} vendor change(s) in stream {stream}",
         "kv-dtypes": "FP8 KV cache: {fp8}; INT8 KV cache: {int8}; backends: {backend}",
     },
     "zh": {
@@ -84,9 +84,9 @@ _LABELS: dict[str, dict[str, str]] = {
         "inconclusive": "无定论",
         "not-yet-run": "{hardware}：尚未运行",
         "compiled-not-yet-run": "{hardware}：已编译，尚未运行",
-        "why-no-record": "阶段 `{stage}` 没有记录",
+        "why-no-record": "阶段 {stage} 没有记录",
         "why-no-timed": "没有计时的单元（只有功能检查，或没有运行）",
-        "why-no-metric": "记录中没有 `{metric}`",
+        "why-no-metric": "记录中没有 {metric}",
         "why-no-rows": "没有所需类型的行",
         "no-decisions": "没有行：{file} 没有为此块声明任何行。",
         "kv-memory": "INT8 存储一个 token 的 K 和 V 所需字节为 16 位缓存的 {ratio}",
@@ -103,7 +103,7 @@ _LABELS: dict[str, dict[str, str]] = {
         "capacity": "同一预算下 INT8 容纳的 token 数为 `auto` 的 {ratio}（{tokens}）",
         "fork-same": "是：{total} 个文件不同，其中没有落入风险区域的厂商改动",
         "fork-differs": "否：{total} 个不同文件中有 {risk} 个是风险区域内的厂商改动",
-        "stream": "计划流 {stream} 中有 {count} 个厂商改动{files}",
+        "stream": "计划流 {stream} 中有 {count} 个厂商改动",
         "kv-dtypes": "FP8 KV 缓存：{fp8}；INT8 KV 缓存：{int8}；注意力后端：{backend}",
     },
 }
@@ -137,6 +137,8 @@ class Measured:
 
 @dataclass(frozen=True)
 class NotMeasured:
+    """Why nothing answers a row, as Markdown."""
+
     why: str
 
 
@@ -216,8 +218,8 @@ def _x(value: float) -> str:
 
 def _missing(evidence: Evidence, stage: str, metric: str, lang: str) -> NotMeasured:
     if evidence.latest(stage) is None:
-        return NotMeasured(summary_label(lang, "why-no-record", stage=stage))
-    return NotMeasured(summary_label(lang, "why-no-metric", metric=metric))
+        return NotMeasured(summary_label(lang, "why-no-record", stage=code_cell(stage)))
+    return NotMeasured(summary_label(lang, "why-no-metric", metric=code_cell(metric)))
 
 
 def _measured(lang: str, key: str, figure: str, record: Record, **fields: str) -> Measured:
@@ -330,7 +332,7 @@ def _gfx90a_runs(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Re
     built = _built_for(kernels.record, "gfx90a") if kernels is not None else []
     compiled = bool(built) and all(row["failed"] == 0 for row in built)
     key = "compiled-not-yet-run" if compiled else "not-yet-run"
-    return NotMeasured(summary_label(lang, key, hardware=name))
+    return NotMeasured(summary_label(lang, key, hardware=markdown_text(name)))
 
 
 _INT8 = "int8_per_token_head"
@@ -610,7 +612,7 @@ def _cells(row: DecisionRow, hardware: HardwareClasses, lang: str) -> list[Scala
     verdict = Markdown(markdown_text(_verdict_word(row.verdict, lang)))
     if isinstance(row.result, NotMeasured):
         missing = Markdown(markdown_text(summary_label(lang, "not-measured")))
-        return [question, Markdown(markdown_text(row.result.why)), missing, None, None, verdict]
+        return [question, Markdown(row.result.why), missing, None, None, verdict]
     record = row.result.record
     name = hardware.label(hardware_class(record), lang, record)
     date = record.provenance.ended.strftime("%Y-%m-%d")

@@ -1,0 +1,219 @@
+"""The decision summaries: each row's figure is the record's, rows nothing measured say so, the
+milestone check fails on a missing, failed or stale row, and each language stays itself."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from adrkit import (
+    Evidence,
+    Gate,
+    Record,
+    Shown,
+    Table,
+    load_decisions,
+    load_hardware,
+    milestone_problems,
+    render_block,
+    write_record,
+)
+
+from conftest import make_record, run_update
+
+REPO_ADR_DIR = Path(__file__).resolve().parents[3] / "docs" / "adr"
+H200 = {"accelerator": "NVIDIA H200", "accelerator_arch": "sm_90"}
+
+
+def _on(record: Record, hardware: dict[str, str] | None, ended_at: str) -> Record:
+    provenance = dataclasses.replace(
+        record.provenance, hardware=dict(hardware or {}), ended_at=ended_at
+    )
+    return dataclasses.replace(record, provenance=provenance)
+
+
+def throughput(ended_at: str = "2026-12-01T10:00:00Z") -> Record:
+    record = make_record("throughput", run_id="gpu-1")
+    record = dataclasses.replace(
+        record,
+        metrics={
+            "int8_bytes_per_token_vs_16bit": 0.5156,
+            "decode_speedup_vs_16bit_min": 1.71,
+            "decode_speedup_vs_16bit_max": 1.91,
+            "prefill_speedup_vs_16bit_min": 0.74,
+            "prefill_speedup_vs_16bit_max": 0.77,
+        },
+        tables={},
+        gates=[],
+    )
+    return _on(record, H200, ended_at)
+
+
+def accuracy(ended_at: str = "2026-12-01T11:00:00Z", controls_failed: int = 0) -> Record:
+    record = make_record("accuracy", run_id="gpu-1")
+    record = dataclasses.replace(
+        record,
+        metrics={
+            "rows": 4,
+            "rows_passed": 3,
+            "rows_inconclusive": 1,
+            "rows_failed": 0,
+            "divergence_positions": 16384,
+            "divergence_mean_kld": 0.00123,
+            "divergence_mean_kld_stderr": 0.00004,
+            "divergence_same_top1": 0.9871,
+            "divergence_ppl_ratio": 1.0012,
+            "divergence_controls_failed": controls_failed,
+        },
+        tables={},
+        gates=[Gate.judge("divergence int8 (kernels) mean KLD", 0.00123, "<=", 0.01)],
+    )
+    return _on(record, H200, ended_at)
+
+
+def audit(ended_at: str = "2026-12-01T02:00:00Z") -> Record:
+    record = make_record("audit", run_id="cpu-1")
+    metrics = {
+        "surprise": True,
+        "files_total": 1,
+        "vendor_risk_files": 1,
+        "vendor_risk_stream_a": 0,
+        "vendor_risk_stream_b": 0,
+        "vendor_risk_stream_c": 1,
+        "upstream": "pypi:vllm==0.18.1",
+    }
+    findings = Table(["stream", "path"], [["C", "vllm/platforms/__init__.py"]])
+    questions = Table(["question", "answer"], [["fp8_kv_cache", "no"], ["int8_kv_cache", "no"]])
+    record = dataclasses.replace(
+        record, metrics=metrics, tables={"findings": findings, "questions": questions}
+    )
+    return _on(record, None, ended_at)
+
+
+def _shown(*records: Record) -> Shown:
+    return Shown(Evidence.of(records), load_hardware(REPO_ADR_DIR), load_decisions(REPO_ADR_DIR))
+
+
+def _rows(body: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in body.splitlines()[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split(" | ")]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_the_summarys_figures_are_the_records_own() -> None:
+    body = render_block("decision-0009", _shown(throughput(), accuracy()), "en")
+    rows = _rows(body)
+    memory = rows["KV-cache memory per token, INT8 against 16-bit"]
+    assert memory[1:] == ["0.516×", "NVIDIA H200", "2026-12-01", "passed"]
+    decode = rows["Decode speed, INT8 against 16-bit (timed on a GPU)"]
+    assert decode[1:] == ["1.71× – 1.91×", "NVIDIA H200", "2026-12-01", "passed"]
+    prefill = rows["Prefill speed, INT8 against 16-bit (timed on a GPU)"]
+    assert prefill[1] == "0.74× – 0.77×" and prefill[-1] == "failed"
+    divergence = rows["Accuracy cost: token-level divergence from the 16-bit cache"]
+    assert "mean KLD 0.00123 ± 4e-05" in divergence[0] and "16384 positions" in divergence[0]
+    assert divergence[-1] == "passed"
+    tasks = rows["Accuracy cost: paired task scores"]
+    assert tasks[1] == "3/4" and tasks[-1] == "inconclusive"
+
+
+def test_a_misbehaving_control_fails_the_divergence_row() -> None:
+    body = render_block("decision-0009", _shown(accuracy(controls_failed=1)), "en")
+    assert _rows(body)["Accuracy cost: token-level divergence from the 16-bit cache"][-1] == (
+        "failed"
+    )
+
+
+def test_rows_nothing_measured_say_so_and_why() -> None:
+    rows = _rows(render_block("decision-0009", _shown(audit()), "en"))
+    decode = rows["Decode speed, INT8 against 16-bit (timed on a GPU)"]
+    assert decode[0] == "stage `throughput` has no record"
+    assert decode[1] == "not measured" and decode[-1] == "not measured"
+    runs = rows["Runs on gfx90a"]
+    assert runs[0] == "gfx90a node (CDNA2): not yet run"
+
+
+def test_the_fork_summary_names_the_files_of_each_stream() -> None:
+    rows = _rows(render_block("decision-0012", _shown(audit()), "en"))
+    assert rows["Is the fork the upstream release it claims?"][0].startswith("no: 1 of 1")
+    stream_c = rows["Vendor changes touching stream C (compilation, attention backends)"]
+    assert stream_c[0] == "1 vendor change(s) in stream C: `vllm/platforms/__init__.py`"
+    assert stream_c[-1] == "failed"
+    assert rows["Vendor changes touching stream B (KV quantization)"][-1] == "passed"
+
+
+def _milestone_dir(tmp_path: Path) -> Path:
+    adr_dir = tmp_path / "adr"
+    adr_dir.mkdir()
+    for name in ("decisions.toml", "hardware.toml"):
+        shutil.copy(REPO_ADR_DIR / name, adr_dir / name)
+    return adr_dir
+
+
+def test_the_milestone_fails_on_missing_failed_and_stale_rows(tmp_path: Path) -> None:
+    adr_dir, results = _milestone_dir(tmp_path), tmp_path / "results"
+    write_record(results, throughput(ended_at="2026-11-01T00:00:00Z"))
+    write_record(results, accuracy(ended_at="2026-12-01T00:00:00Z"))
+    now = datetime(2026, 12, 2, tzinfo=UTC)
+    problems = milestone_problems(adr_dir, results, now=now)
+    assert any("`kv-memory`: its evidence is 31 days old, over the 14" in p for p in problems)
+    assert any(
+        "`correctness`: not measured (stage `correctness` has no record)" in p for p in problems
+    )
+    assert any("`fork-base`: not measured" in p for p in problems)
+    assert not any("`divergence`" in p for p in problems)  # fresh and passing
+    assert not any("`prefill-speed`" in p for p in problems)  # failing, but no milestone row
+
+
+def test_the_milestone_passes_a_row_that_is_measured_fresh_and_passing(tmp_path: Path) -> None:
+    adr_dir, results = _milestone_dir(tmp_path), tmp_path / "results"
+    write_record(results, accuracy(ended_at="2026-12-01T00:00:00Z", controls_failed=1))
+    now = datetime(2026, 12, 2, tzinfo=UTC)
+    problems = milestone_problems(adr_dir, results, now=now)
+    assert any(p.startswith("decision-0009 row `divergence`: failed") for p in problems)
+
+
+# A run of three or more Latin words outside code spans: an English sentence in a zh ADR.
+_ENGLISH = re.compile(r"[A-Za-z]{2,}(?:[ ,;:()-]+[A-Za-z]{2,}){2,}")
+_CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
+
+
+def _prose(body: str) -> str:
+    body = re.sub(r"`[^`]*`", "", body)
+    return re.sub(r"<code>.*?</code>", "", body)
+
+
+@pytest.mark.parametrize(
+    "key", ["decision-0009", "decision-0010", "decision-0012", "pipeline-status"]
+)
+def test_each_language_stays_itself(key: str) -> None:
+    shown = _shown(throughput(), accuracy(), audit())
+    zh, en = render_block(key, shown, "zh"), render_block(key, shown, "en")
+    assert not _CJK.search(en), en
+    # Hardware and accelerator names are names, not sentences.
+    found = [m for m in _ENGLISH.findall(_prose(zh)) if "NVIDIA" not in m and "gfx90a" not in m]
+    assert not found, (found, zh)
+
+
+def test_a_decisions_file_naming_an_unknown_answer_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    adr_dir = tmp_path / "adr"
+    adr_dir.mkdir()
+    (adr_dir / "0009-int8.md").write_text(
+        "# 0009\n<!-- generated:decision-0009 begin -->\n<!-- generated:decision-0009 end -->\n"
+    )
+    (adr_dir / "decisions.toml").write_text(
+        '[[decision-0009]]\nanswer = "speed"\nquestion = { en = "Fast?" }\n'
+    )
+    results = tmp_path / "results"
+    write_record(results, throughput())
+    code, err = run_update(capsys, adr_dir, results)
+    assert code == 2 and err.count("\n") == 1
+    assert "answer 'speed' is not one of" in err
