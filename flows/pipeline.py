@@ -22,7 +22,15 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 import forkaudit
-from adrkit import Record, new_run_id, read_record, update_adrs, utc_now, write_record
+from adrkit import (
+    Record,
+    milestone_problems,
+    new_run_id,
+    read_record,
+    update_adrs,
+    utc_now,
+    write_record,
+)
 from flows._remote import run_on_pool
 from flows._stage import REPO_ROOT, RunContext, failed_record, load_gates, skipped_record
 from flows.accuracy import accuracy_stage
@@ -61,9 +69,11 @@ class MilestoneGateError(Exception):
 
 
 @task
-def write_adrs(adr_dir: Path, results_root: Path) -> list[str]:
-    """Render every generated ADR block from the latest records."""
-    changed = [str(p) for p in update_adrs(adr_dir, results_root).changed]
+def write_adrs(adr_dir: Path, results_root: Path, run_dir: Path) -> list[str]:
+    """Keep this run's records in the ADRs' evidence store (each unless the store holds a newer
+    one of its stage and hardware class), then render every generated block from the evidence."""
+    store = run_dir if run_dir.is_dir() else None
+    changed = [str(p) for p in update_adrs(adr_dir, results_root, store=store).changed]
     create_markdown_artifact(
         key="adr-update",
         markdown="\n".join(["# ADR update", "", *(f"- `{p}`" for p in changed or ["none"])]),
@@ -169,9 +179,12 @@ def pipeline(
             records[stage] = record
             print(f"{stage}: {record.status}: {record.reason or record.summary}")
     finally:
-        write_adrs(Path(adr_dir), ctx.results_root)
-    # A milestone needs evidence: a stage that was skipped or never ran fails it too.
+        write_adrs(Path(adr_dir), ctx.results_root, ctx.results_root / ctx.run_id)
+    # A milestone needs evidence: a stage that was skipped or never ran fails it too, and so does
+    # a decision-summary row it needs that is not measured, failed or too old.
     failures = [f"{s}: {r.reason}" for s, r in records.items() if r.status != "passed"]
+    if strict:
+        failures += milestone_problems(Path(adr_dir), ctx.results_root)
     if strict and failures:
         msg = f"milestone {milestone!r} failed: " + "; ".join(failures)
         raise MilestoneGateError(msg)

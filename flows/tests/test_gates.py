@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from adrkit import utc_now
-from adrkit._blocks import render_block
+from adrkit import render_block, utc_now
 from flows._stage import GatesFileError, RunContext, load_gates, stage_gates
 from flows.pipeline import STAGES
 from flows.throughput import throughput_record
