@@ -43,9 +43,14 @@ def check_tensor(
         raise InvalidInputError(f"`{name}` is a {type(tensor).__name__}; expected a torch.Tensor")
     if tensor.dtype not in dtypes:
         raise InvalidInputError(f"`{name}` has dtype {tensor.dtype}; expected one of {dtypes}")
-    if tensor.dim() != len(shape) or any(
-        want is not None and got != want for got, want in zip(tensor.shape, shape, strict=True)
-    ):
+    sizes = tensor.shape
+    matches = len(sizes) == len(shape)
+    if matches:  # a plain loop: launchers run these checks on every call
+        for got, want in zip(sizes, shape, strict=True):
+            if want is not None and got != want:
+                matches = False
+                break
+    if not matches:
         wanted = tuple("*" if s is None else s for s in shape)
         raise InvalidInputError(
             f"`{name}` has shape {tuple(tensor.shape)}; expected {wanted}".replace("'", "")
@@ -337,24 +342,26 @@ def _no_hooks(hook: object) -> bool:
     return hook is None or getattr(hook, "calls", None) == []
 
 
-_launchers: dict[tuple[object, ...], CompiledLaunch] = {}
+# By the spec object (kept, so its id is not reused) and device: launchers look theirs up per call.
+_launchers: dict[tuple[int, torch.device], tuple[KernelSpec, JitLaunch | CompiledLaunch]] = {}
 
 
 def kernel_launcher(spec: KernelSpec, device: torch.device) -> JitLaunch | CompiledLaunch:
     """How launches of ``spec`` on ``device`` go: `CompiledLaunch` on CUDA/HIP devices (compiled
     here, once per spec and device), else (the interpreter, or a Triton without the compiled
     kernel's launcher) `JitLaunch`."""
-    if device.type != "cuda" or interpreted() or not DIRECT_LAUNCH:
-        return JitLaunch(spec)
-    key = _spec_key(spec, device)
-    if key not in _launchers:
+    entry = _launchers.get((id(spec), device))
+    if entry is not None and entry[0] is spec:
+        return entry[1]
+    launcher: JitLaunch | CompiledLaunch = JitLaunch(spec)
+    if device.type == "cuda" and not interpreted() and DIRECT_LAUNCH:
         kernel = compiled_kernel(spec, device)
-        if not all(hasattr(kernel, name) for name in _COMPILED_KERNEL_API):
-            return JitLaunch(spec)
-        if _constexprs_not_last(spec):
-            return JitLaunch(spec)
-        _launchers[key] = CompiledLaunch(spec, device)
-    return _launchers[key]
+        if all(hasattr(kernel, name) for name in _COMPILED_KERNEL_API) and not (
+            _constexprs_not_last(spec)
+        ):
+            launcher = CompiledLaunch(spec, device)
+    _launchers[(id(spec), device)] = (spec, launcher)
+    return launcher
 
 
 def _constexprs_not_last(spec: KernelSpec) -> bool:

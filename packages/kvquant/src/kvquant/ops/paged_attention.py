@@ -1165,7 +1165,7 @@ def reduce_spec(
 
 def clear_spec_caches() -> None:
     """Forget derived specs, after a tuning sweep changed the module's constants."""
-    for spec_function in (decode_spec, prefill_spec, reduce_spec, _plan):
+    for spec_function in (decode_spec, prefill_spec, reduce_spec, _decode_tile, _plan):
         spec_function.cache_clear()
     _decode_slots.clear()
     clear_launch_caches()
@@ -1393,7 +1393,9 @@ class DecodePlan:
         self._check_inputs(query, cache, block_table, seq_lens, softmax_scale, out, scratch)
         if out is None:
             out = torch.empty(query.shape, dtype=self.out_dtype, device=self.device)
-        if scratch is None and self.scratch_elements:
+        if not self.scratch_elements:
+            scratch = None  # one split: the decode writes the result, no partials
+        elif scratch is None:
             scratch = self.new_scratch()
         k_scale, v_scale = _scale_tensors(cache)
         strides = (
@@ -1403,42 +1405,63 @@ class DecodePlan:
             *cache.v.stride()[:2],
             *k_scale.stride()[:2],
         )
-        cap = softcap or 0.0
-        if self._direct:
-            o, q = out.data_ptr(), query.data_ptr()
-            bt, sl = block_table.data_ptr(), seq_lens.data_ptr()
-            k, v = cache.k.data_ptr(), cache.v.data_ptr()
-            ks, vs = k_scale.data_ptr(), v_scale.data_ptr()
-            acc = o if scratch is None else scratch.data_ptr()
-            maxes = acc + 4 * self._stats_offset
-            sums = maxes + 4 * self._stats_padded
-            sizes = 0
-            for size in strides:
-                sizes |= size
-            if aligned(o | q | bt | sl | k | v | ks | vs | acc, sizes):
-                self._decode(
-                    self._decode_grid, o, acc, maxes, sums, q, k, v, ks, vs, bt, sl,
-                    softmax_scale, cap, *self._decode_scalars, *strides, block_table.stride(0),
-                )  # fmt: skip
-                if scratch is not None:
-                    self._reduce(
-                        self._reduce_grid, o, acc, maxes, sums, self.num_splits, self.head_size,
-                        *strides[2:4],
-                    )  # fmt: skip
-                return out
-        # Triton's JIT: under the interpreter, or arguments the compiled variant does not assume.
-        if scratch is None:
-            acc = maxes = sums = out
-        else:
-            acc = scratch
-            maxes = scratch[self._stats_offset :]
-            sums = scratch[self._stats_offset + self._stats_padded :]
+        tensors = (out, query, cache.k, cache.v, k_scale, v_scale, block_table, seq_lens)
+        scalars = (softmax_scale, softcap or 0.0)
+        if not (self._direct and self._launch_compiled(tensors, scratch, scalars, strides)):
+            self._launch_jit(tensors, cache, scratch, scalars, strides)
+        return out
+
+    def _launch_compiled(
+        self,
+        tensors: tuple[torch.Tensor, ...],
+        scratch: torch.Tensor | None,
+        scalars: tuple[float, float],
+        strides: tuple[int, ...],
+    ) -> bool:
+        """Launch the compiled kernels, pointers as addresses; False (nothing launched) when an
+        address or stride is not a multiple of 16, as the compiled variant assumes."""
+        o, q, k, v, ks, vs, bt, sl = [tensor.data_ptr() for tensor in tensors]
+        acc = o if scratch is None else scratch.data_ptr()
+        maxes = acc + 4 * self._stats_offset
+        sums = maxes + 4 * self._stats_padded
+        sizes = 0
+        for size in strides:
+            sizes |= size
+        if not aligned(o | q | k | v | ks | vs | bt | sl | acc, sizes):
+            return False
+        block_table_stride = tensors[6].stride(0)
+        self._decode(
+            self._decode_grid, o, acc, maxes, sums, q, k, v, ks, vs, bt, sl, *scalars,
+            *self._decode_scalars, *strides, block_table_stride,
+        )  # fmt: skip
+        if scratch is not None:
+            self._reduce(
+                self._reduce_grid, o, acc, maxes, sums, self.num_splits, self.head_size,
+                *strides[2:4],
+            )  # fmt: skip
+        return True
+
+    def _launch_jit(
+        self,
+        tensors: tuple[torch.Tensor, ...],
+        cache: PagedKVCache,
+        scratch: torch.Tensor | None,
+        scalars: tuple[float, float],
+        strides: tuple[int, ...],
+    ) -> None:
+        """Launch through Triton's JIT: under the interpreter, or for arguments the compiled
+        variant does not assume (the JIT compiles the variant they need)."""
+        out, query, k, v, k_scale, v_scale, block_table, seq_lens = tensors
+        partials = (out, out, out)
+        if scratch is not None:
+            stats = self._stats_offset
+            partials = (scratch, scratch[stats:], scratch[stats + self._stats_padded :])
         launch(
             decode_spec(**self._geometry(), out_dtype=self.out_dtype, one_split=scratch is None),
             self._decode_grid,
-            _kernel_operand(out, cache), acc, maxes, sums, _kernel_operand(query, cache),
-            cache.k, cache.v, k_scale, v_scale, block_table, seq_lens, softmax_scale, cap,
-            *self._decode_scalars, *strides, block_table.stride(0),
+            _kernel_operand(out, cache), *partials, _kernel_operand(query, cache), k, v, k_scale,
+            v_scale, block_table, seq_lens, *scalars, *self._decode_scalars, *strides,
+            block_table.stride(0),
         )  # fmt: skip
         if scratch is not None:
             launch(
@@ -1446,9 +1469,8 @@ class DecodePlan:
                     head_size=self.head_size, model_dtype=self.model_dtype, out_dtype=self.out_dtype
                 ),
                 self._reduce_grid,
-                out, acc, maxes, sums, self.num_splits, self.head_size, *strides[2:4],
+                out, *partials, self.num_splits, self.head_size, *strides[2:4],
             )  # fmt: skip
-        return out
 
     def _geometry(self) -> dict[str, Any]:
         return {
@@ -1559,19 +1581,12 @@ def plan_decode(
         num_seqs, max_seq_len, num_q_heads, num_kv_heads, head_size, block_size, model_dtype,
         cache_dtype, out_dtype, sliding_window, num_splits,
     )  # fmt: skip
-    tile_n = int(
-        decode_spec(
-            head_size=head_size,
-            block_size=block_size,
-            gqa=num_q_heads // num_kv_heads,
-            model_dtype=model_dtype,
-            cache_dtype=cache_dtype,
-            target=runtime_target(device),
-        ).constexprs["TILE_N"]
+    tile_n = _decode_tile(
+        head_size, block_size, num_q_heads // num_kv_heads, model_dtype, cache_dtype, device
     )
     return _plan(
         num_seqs,
-        triton.cdiv(max_seq_len, tile_n) * tile_n,
+        -(-max_seq_len // tile_n) * tile_n,
         num_q_heads,
         num_kv_heads,
         head_size,
@@ -1583,6 +1598,27 @@ def plan_decode(
         sliding_window,
         num_splits,
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode_tile(
+    head_size: int,
+    block_size: int,
+    gqa: int,
+    model_dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    device: torch.device,
+) -> int:
+    """The decode's KV tile (TILE_N) on ``device``: plans round their context up to it."""
+    spec = decode_spec(
+        head_size=head_size,
+        block_size=block_size,
+        gqa=gqa,
+        model_dtype=model_dtype,
+        cache_dtype=cache_dtype,
+        target=runtime_target(device),
+    )
+    return int(spec.constexprs["TILE_N"])
 
 
 @functools.lru_cache(maxsize=1024)
