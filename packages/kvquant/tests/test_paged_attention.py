@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kvquant import (
     DecodePlan,
     InvalidInputError,
+    allocate_cache,
     cache_write,
     decode_attention,
     plan_decode,
@@ -452,12 +453,12 @@ def _expected_scaled(batch: PagedBatch, scale: float) -> torch.Tensor:
     )
 
 
-class _HostWork(TorchDispatchMode):
+class _HostWork(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Every torch op issued while active, but those of Triton's interpreter running a kernel
     (its own copies of the arguments): what a launch path does on the host around the kernel."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.ops: list[str] = []
         self.in_kernel = False
 
@@ -606,7 +607,7 @@ def test_plan_decode_refuses_a_bad_geometry_in_one_line(argument: str, value: ob
 @require_cuda()
 @pytest.mark.parametrize("head_size", [64, 80, 96, 128, 256])
 @pytest.mark.parametrize("block_size", [16, 32, 64])
-@pytest.mark.parametrize("group", [1, 4, 8, 16])
+@pytest.mark.parametrize("group", [1, 4, 8, 16, 32])
 def test_decode_and_prefill_matrix_gpu(
     head_size: int, block_size: int, group: int, device: torch.device, gen: torch.Generator
 ) -> None:
@@ -646,3 +647,132 @@ def test_16_bit_baseline_gpu(
         model_dtype=cache_dtype,
     )
     _assert_close(_decode(batch), _expected(batch), BASELINE_TOLERANCE)
+
+
+def _last_slots(block_table: torch.Tensor, lengths: list[int], block_size: int) -> torch.Tensor:
+    """The slot of each sequence's newest key (position length - 1); -1 for a padding row."""
+    slots = [
+        int(block_table[i, (n - 1) // block_size]) * block_size + (n - 1) % block_size if n else -1
+        for i, n in enumerate(lengths)
+    ]
+    return torch.tensor(slots, dtype=torch.int64, device=block_table.device)
+
+
+# Lengths at capture, then at replay: shorter, every one at the plan's whole context, ragged, one
+# key each, and a padding row as vLLM's padded graphs bring (0 keys, block-table row -1, slot -1).
+_CAPTURE_LENGTHS = [700, 700, 700, 700]
+_GRAPH_REPLAYS = ([300, 200, 100, 50], [1024] * 4, [1, 1024, 17, 640], [1, 1, 1, 1], [900, 0, 5, 1])
+
+
+@pytest.mark.gpu
+@require_cuda()
+@pytest.mark.parametrize("cache_dtype", [torch.int8, torch.bfloat16])
+@pytest.mark.parametrize("group", [4, 16])
+@pytest.mark.parametrize("num_splits", [None, 1])
+def test_captured_write_and_decode_replay_exactly_as_eager_gpu(
+    cache_dtype: torch.dtype,
+    group: int,
+    num_splits: int | None,
+    device: torch.device,
+    gen: torch.Generator,
+) -> None:
+    """cache_write and a DecodePlan's run captured once in a CUDA graph, replayed with new
+    contents of the query, K/V, slot_mapping, seq_lens and block_table: the cache bytes and
+    outputs equal the same calls run eagerly, bit for bit. The eager decode runs the same plan:
+    bit-equality needs its split count and tiles per split (another split count sums the
+    partials in another order); decode_attention given the plan's max_seq_len and split count
+    is that same launch."""
+    block = 16
+    batch = make_paged_batch(
+        seq_lens=[1024] * 4, num_kv_heads=2, group=group, head_size=128, block_size=block,
+        cache_dtype=cache_dtype, model_dtype=torch.bfloat16, device=device, generator=gen,
+    )  # fmt: skip
+    cache, table, seq_lens, query = batch.cache, batch.block_table, batch.seq_lens, batch.query
+    plan = _plan_for(batch, 1024, num_splits=num_splits)
+    assert num_splits == 1 or plan.num_splits > 1
+    scratch, out = plan.new_scratch(), torch.empty_like(query)
+    key = torch.empty(4, 2, 128, dtype=torch.bfloat16, device=device)
+    value, slots = torch.empty_like(key), _last_slots(table, _CAPTURE_LENGTHS, block)
+    full_table = table.clone()
+    scale = 128**-0.5
+
+    def step() -> None:
+        cache_write(cache, key, value, slots, validate=False)
+        plan.run(query, cache, table, seq_lens, scale, softcap=None, out=out, scratch=scratch)
+
+    seq_lens.copy_(torch.tensor(_CAPTURE_LENGTHS))
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compiles outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+
+    for lengths in _GRAPH_REPLAYS:
+        live = torch.tensor([n > 0 for n in lengths], device=device)
+        table.copy_(torch.where(live[:, None], full_table, -1))
+        seq_lens.copy_(torch.tensor(lengths))
+        slots.copy_(_last_slots(table, lengths, block))
+        for tensor in (key, value, query):
+            tensor.copy_(torch.randn(tensor.shape, generator=gen).to(tensor.dtype))
+        before = cache.pages.clone()
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed_pages, replayed = cache.pages.clone(), out.clone()
+        cache.pages.copy_(before)
+        step()
+        assert torch.equal(cache.pages, replayed_pages)
+        assert torch.equal(out[live], replayed[live]), lengths
+        again = decode_attention(
+            query, cache, table, seq_lens, scale, max_seq_len=plan.max_seq_len,
+            num_splits=plan.num_splits, validate=False,
+        )  # fmt: skip
+        assert torch.equal(again[live], replayed[live])
+        rows = [i for i, n in enumerate(lengths) if n]
+        expected = ref.paged_attention_ref(
+            query[rows], cache, table[rows], seq_lens[rows],
+            torch.arange(len(rows) + 1, dtype=torch.int32, device=device), scale,
+        )  # fmt: skip
+        tolerance = 1e-2  # bf16 output (test_decode_16_bit_output)
+        _assert_close(replayed[rows].float(), expected, tolerance)
+
+
+@pytest.mark.gpu
+@require_cuda()
+@pytest.mark.parametrize("cache_dtype", [torch.int8, torch.bfloat16])
+def test_compiled_launch_matches_the_jit_launch_gpu(
+    cache_dtype: torch.dtype,
+    monkeypatch: pytest.MonkeyPatch,
+    device: torch.device,
+    gen: torch.Generator,
+) -> None:
+    """The compiled kernels launched directly (ops._common.CompiledLaunch) give the bits that
+    Triton's JIT launch of the same plan gives, for the decode, its reducer and the cache write;
+    a query whose address the compiled variant does not assume goes through the JIT instead."""
+    batch = _batch([1, 300, 2000, 77], device, gen, head_size=128, group=8, cache_dtype=cache_dtype)
+    key = torch.randn(4, 2, 128, generator=gen).to(device, torch.bfloat16)
+    slots = torch.tensor([3, -1, 40, 41], device=device)
+
+    def outputs(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        paged_attention.clear_spec_caches()  # plans and launchers made anew under the gate
+        written = allocate_cache(batch.cache.num_blocks, 2, 128, 16, cache_dtype, device)
+        cache_write(written, key, key, slots, validate=False)
+        plan = _plan_for(batch, 2000, num_splits=3)
+        out = plan.run(query, batch.cache, batch.block_table, batch.seq_lens, 0.09)
+        return out, written.pages
+
+    direct = outputs(batch.query)
+    monkeypatch.setattr(_common, "DIRECT_LAUNCH", False)
+    through_jit = outputs(batch.query)
+    monkeypatch.undo()
+    assert torch.equal(direct[0], through_jit[0]) and torch.equal(direct[1], through_jit[1])
+    storage = torch.empty(batch.query.numel() + 1, dtype=batch.query.dtype, device=device)
+    shifted = storage[1:].view(batch.query.shape)  # 2 bytes past a 16-byte boundary
+    shifted.copy_(batch.query)
+    assert shifted.data_ptr() % 16
+    misaligned = outputs(shifted)[0]
+    error = _rel_l2(misaligned, direct[0])
+    assert error < 1e-6, error
+    paged_attention.clear_spec_caches()
