@@ -519,7 +519,9 @@ def test_plan_and_unvalidated_write_read_nothing_on_the_host_and_allocate_nothin
             scratch=scratch,
         )
         cache_write(batch.cache, key, key, slots, validate=False)
-    assert guard.ops and set(guard.ops) <= _VIEWS, guard.ops
+    # Views only (the interpreter's int16 views of query and out; none on a GPU, where the
+    # compiled kernels take addresses).
+    assert set(guard.ops) <= _VIEWS, guard.ops
     with _host_work(monkeypatch) as guard:
         decode_attention(batch.query, batch.cache, batch.block_table, batch.seq_lens, 0.1, out=out)
     assert {"Tensor.tolist", "aten._local_scalar_dense"} <= set(guard.ops)
