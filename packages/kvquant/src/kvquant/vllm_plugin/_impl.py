@@ -137,8 +137,8 @@ def check_layer_api(expect: Expect) -> None:
     model_config = getattr(config_api, "ModelConfig", None)
     expect(
         model_config is not None
-        and parameters(model_config.get_num_attention_heads)[1:] == ["parallel_config"],
-        "ModelConfig.get_num_attention_heads(parallel_config) has another signature",
+        and parameters(model_config.get_num_attention_heads)[1:2] == ["parallel_config"],
+        "ModelConfig.get_num_attention_heads(parallel_config, ...) has another signature",
     )
 
 
