@@ -30,8 +30,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.util
 import itertools
-from collections.abc import Iterator
+import statistics
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import triton
@@ -74,7 +76,8 @@ def kv_bytes(batch: int, context: int, cache_dtype: torch.dtype) -> int:
 
 
 class DecodeSetup:
-    """A paged cache of random data for `batch` sequences of `context` tokens each."""
+    """A paged cache of random data for `batch` sequences of `context` tokens each (the issue's
+    geometry unless told another)."""
 
     def __init__(
         self,
@@ -83,12 +86,14 @@ class DecodeSetup:
         cache_dtype: torch.dtype,
         device: str = "cuda",
         model_dtype: torch.dtype = MODEL_DTYPE,
+        geometry: tuple[int, int, int] = (NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE),
     ) -> None:
+        num_q_heads, num_kv_heads, head_size = geometry
         sequences = random_sequences(
             batch,
             context,
-            num_kv_heads=NUM_KV_HEADS,
-            head_size=HEAD_SIZE,
+            num_kv_heads=num_kv_heads,
+            head_size=head_size,
             block_size=BLOCK_SIZE,
             cache_dtype=cache_dtype,
             device=device,
@@ -96,9 +101,10 @@ class DecodeSetup:
         self.cache = sequences.cache
         self.block_table = sequences.block_table
         self.seq_lens = sequences.seq_lens
-        self.query = torch.randn(batch, NUM_Q_HEADS, HEAD_SIZE, device=device, dtype=model_dtype)
+        self.query = torch.randn(batch, num_q_heads, head_size, device=device, dtype=model_dtype)
         self.out = torch.empty_like(self.query)
         self.context = context
+        self.geometry = geometry
 
     def run(self, num_splits: int | None = None) -> None:
         decode_attention(
@@ -426,6 +432,151 @@ def flush_check() -> None:
         del setup
 
 
+# ---- The geometry table of graph and eager time (--geometry) ----
+
+# (query heads, kv heads, head size): Llama-3-8B, Qwen2-7B (GQA 7), head 64, MQA, and GQA 16 on
+# one and GQA 16 on two kv heads; each at both shapes (batch, context).
+GEOMETRIES = ((32, 8, 128), (28, 4, 128), (32, 8, 64), (32, 1, 128), (16, 1, 128), (32, 2, 128))
+GEOMETRY_SHAPES = ((32, 8192), (8, 32768))
+# Calls per eager timing: back to back, round robin over GRAPH_CALLS caches, no sync between.
+EAGER_CALLS = 50
+
+
+def eager_ms(calls: Sequence[Callable[[], object]]) -> float:
+    """Median over 5 runs of the time per call of EAGER_CALLS back-to-back calls (round robin
+    over ``calls``, each over its own cache), the L2 cleared before each run: the kernels' time,
+    or the host's launch path where that is slower."""
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        read_clear()
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        for index in range(EAGER_CALLS):
+            calls[index % len(calls)]()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(float(start.elapsed_time(end)) / EAGER_CALLS)
+    return statistics.median(times)
+
+
+def planned_run(setup: DecodeSetup) -> tuple[Callable[[], object], paged_attention.DecodePlan]:
+    """The decode as the vLLM plugin launches it: a DecodePlan and a scratch made once."""
+    num_q_heads, num_kv_heads, head_size = setup.geometry
+    plan = paged_attention.plan_decode(
+        num_seqs=setup.query.shape[0],
+        max_seq_len=setup.context,
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_size=head_size,
+        block_size=BLOCK_SIZE,
+        model_dtype=setup.query.dtype,
+        cache_dtype=setup.cache.dtype,
+        device=setup.query.device,
+    )
+    run = functools.partial(
+        plan.run,
+        setup.query,
+        setup.cache,
+        setup.block_table,
+        setup.seq_lens,
+        head_size**-0.5,
+        out=setup.out,
+        scratch=plan.new_scratch(),
+    )
+    return run, plan
+
+
+def upstream_bf16() -> Callable[[DecodeSetup], Callable[[], None]] | None:
+    """benchmark_upstream's bf16 decode of a setup, or None where vLLM is not importable."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    from benchmark_upstream import bf16_decode
+
+    return bf16_decode
+
+
+def geometry_table(column_caps: list[int]) -> None:
+    """Graph and eager time per call of our INT8 and 16-bit decodes (and upstream's bf16 where
+    vLLM is importable) on each of GEOMETRIES x GEOMETRY_SHAPES, once per cap on a decode
+    program's query-head columns (0: none, the launch before the cap; `_decode_columns`).
+
+    "graph": per call of a graph of GRAPH_CALLS decodes over GRAPH_CALLS caches, replayed.
+    "eager": per call of EAGER_CALLS back-to-back launches (`eager_ms`): through the plan as the
+    plugin launches it, and through decode_attention (its checks and plan lookup per call).
+    """
+    upstream = upstream_bf16()
+    print(
+        f"graph: per call of a graph of {GRAPH_CALLS} calls over {GRAPH_CALLS} caches; eager: per "
+        f"call of {EAGER_CALLS} back-to-back calls; ms. upstream: "
+        + ("vLLM's unified_attention, bf16" if upstream else "skipped, vLLM is not importable")
+    )
+    print(
+        f"{'cols':>4} {'q/kv':>5} {'head':>4} {'batch x ctx':>11} {'grid':>13} "
+        f"{'int8 graph':>10} {'GB/s':>5} {'eager':>6} {'call':>6} "
+        f"{'16b graph':>9} {'eager':>6} {'vs 16b':>6} {'up eager':>8} {'up graph':>8} "
+        f"{'int8/up':>7}"
+    )
+    shipped_cap = paged_attention._DECODE_COLUMNS_MAX.get("cuda")
+    try:
+        for cap in column_caps:
+            paged_attention._DECODE_COLUMNS_MAX["cuda"] = cap or 1 << 30
+            paged_attention.clear_spec_caches()
+            for geometry, (batch, context) in itertools.product(GEOMETRIES, GEOMETRY_SHAPES):
+                geometry_row(cap, geometry, batch, context, upstream)
+    finally:
+        if shipped_cap is None:
+            paged_attention._DECODE_COLUMNS_MAX.pop("cuda", None)
+        else:
+            paged_attention._DECODE_COLUMNS_MAX["cuda"] = shipped_cap
+        paged_attention.clear_spec_caches()
+
+
+def geometry_row(
+    cap: int,
+    geometry: tuple[int, int, int],
+    batch: int,
+    context: int,
+    upstream: Callable[[DecodeSetup], Callable[[], None]] | None,
+) -> None:
+    num_q_heads, num_kv_heads, head_size = geometry
+    times: dict[str, float] = {}
+    for name, dtype in (("int8", torch.int8), ("16b", MODEL_DTYPE)):
+        setups = [DecodeSetup(batch, context, dtype, geometry=geometry) for _ in range(GRAPH_CALLS)]
+        planned = [planned_run(setup) for setup in setups]
+        runs = [run for run, _ in planned]
+        times[f"{name} graph"] = graph_ms(*runs)
+        times[f"{name} eager"] = eager_ms(runs)
+        if name == "int8":
+            times["int8 call"] = eager_ms([setup.run for setup in setups])
+            plan = planned[0][1]
+            if upstream is not None:
+                calls = [upstream(setup) for setup in setups]
+                times["up eager"], times["up graph"] = eager_ms(calls), graph_ms(*calls)
+                del calls
+        del setups, planned, runs
+    per_token_head = 2 * head_size + 8
+    gbs = batch * context * num_kv_heads * per_token_head / times["int8 graph"] / 1e6
+    grid = "x".join(map(str, plan._decode_grid))
+    upstream_cells = (
+        f"{times['up eager']:>8.3f} {times['up graph']:>8.3f} "
+        f"{times['int8 eager'] / times['up eager']:>6.2f}x"
+        if "up eager" in times
+        else f"{'-':>8} {'-':>8} {'-':>7}"
+    )
+    print(
+        f"{cap or 'none':>4} {num_q_heads:>2}/{num_kv_heads:<2} {head_size:>4} "
+        f"{batch:>3} x {context // 1024:>3}k {grid:>13} {times['int8 graph']:>10.3f} {gbs:>5.0f} "
+        f"{times['int8 eager']:>6.3f} {times['int8 call']:>6.3f} {times['16b graph']:>9.3f} "
+        f"{times['16b eager']:>6.3f} {times['16b graph'] / times['int8 graph']:>5.2f}x "
+        + upstream_cells,
+        flush=True,
+    )
+
+
 def _us(times_ms: list[float]) -> str:
     return "/".join(f"{t * 1e3:.1f}" for t in times_ms)
 
@@ -528,6 +679,20 @@ def main() -> None:
         "--prefill", action="store_true", help="sweep chunked-prefill launch settings instead"
     )
     parser.add_argument(
+        "--geometry",
+        action="store_true",
+        help="time graph and eager decodes over the issue's geometry table instead",
+    )
+    parser.add_argument(
+        "--columns",
+        nargs="+",
+        type=int,
+        default=[8],
+        metavar="CAP",
+        help="--geometry: caps on a decode program's query-head columns to time, in turn "
+        "(0: no cap, the launch before the cap)",
+    )
+    parser.add_argument(
         "--profile",
         nargs=2,
         type=int,
@@ -548,6 +713,8 @@ def main() -> None:
         flush_check()
     elif args.prefill:
         prefill_sweep()
+    elif args.geometry:
+        geometry_table(args.columns)
     else:
         table(copy_bandwidth())
         prefill_table()

@@ -36,9 +36,6 @@ from benchmark_paged_attention import (
     GRAPH_CALLS,
     HEAD_SIZE,
     MODEL_DTYPE,
-    NUM_KV_HEADS,
-    NUM_Q_HEADS,
-    SOFTMAX_SCALE,
     DecodeSetup,
     kv_bytes,
 )
@@ -66,6 +63,64 @@ def upstream_kernel() -> tuple[Callable[..., None], Any]:
         sys.exit(f"benchmark_upstream: needs vLLM with the int8_per_token_head cache ({error})")
 
 
+def unified_decode(
+    setup: DecodeSetup, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, **cache_mode: Any
+) -> Callable[[], None]:
+    """Upstream's decode of ``setup``'s queries as its TRITON_ATTN backend calls it, over the
+    cache views ``k`` and ``v`` ([blocks, block_size, kv heads, head]), with the backend's
+    split-KV scratch sized as it sizes it. ``cache_mode``: the INT8 mode and its scale views, or
+    the 16-bit cache's descales."""
+    unified_attention, _ = upstream_kernel()
+    num_q_heads, num_kv_heads, head_size = setup.geometry
+    batch, device = setup.query.shape[0], setup.query.device
+    threshold_3d = MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads
+    segments = (threshold_3d, num_q_heads, NUM_PAR_SOFTMAX_SEGMENTS)
+    segm_output = torch.empty(*segments, head_size, device=device)
+    segm_max = torch.empty(segments, device=device)
+    segm_expsum = torch.empty_like(segm_max)
+    cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=device)
+
+    def call() -> None:
+        unified_attention(
+            q=setup.query,
+            k=k,
+            v=v,
+            out=out,
+            cu_seqlens_q=cu_seqlens_q,
+            max_seqlen_q=1,
+            seqused_k=setup.seq_lens,
+            max_seqlen_k=setup.context,
+            softmax_scale=head_size**-0.5,
+            causal=True,
+            window_size=(-1, -1),
+            block_table=setup.block_table,
+            softcap=0.0,
+            q_descale=None,
+            seq_threshold_3D=threshold_3d,
+            num_par_softmax_segments=NUM_PAR_SOFTMAX_SEGMENTS,
+            softmax_segm_output=segm_output,
+            softmax_segm_max=segm_max,
+            softmax_segm_expsum=segm_expsum,
+            **cache_mode,
+        )
+
+    return call
+
+
+def bf16_decode(setup: DecodeSetup) -> Callable[[], None]:
+    """Upstream's 16-bit decode with ``setup``'s geometry, block table and lengths, over a
+    16-bit cache of its own (random data; timed only)."""
+    _, num_kv_heads, head_size = setup.geometry
+    shape = (setup.cache.num_blocks, setup.cache.block_size, num_kv_heads, 2 * head_size)
+    kv16 = torch.randn(shape, dtype=setup.query.dtype, device=setup.query.device)
+    k, v = kv16.split(head_size, dim=-1)
+    ones = torch.ones(1, dtype=torch.float32, device=setup.query.device)
+    ones = ones.expand(setup.query.shape[0], num_kv_heads)
+    return unified_decode(
+        setup, k, v, torch.empty_like(setup.query), k_descale=ones, v_descale=ones
+    )
+
+
 class SideBySide(DecodeSetup):
     """One shape's INT8 decode (``run``) and upstream's views of the same data."""
 
@@ -73,7 +128,7 @@ class SideBySide(DecodeSetup):
         self, batch: int, context: int, device: str, model_dtype: torch.dtype = MODEL_DTYPE
     ) -> None:
         super().__init__(batch, context, torch.int8, device, model_dtype)
-        self.unified_attention, self.int8_mode = upstream_kernel()
+        _, self.int8_mode = upstream_kernel()
         # Upstream's cache: [blocks, block_size, kv heads, record], K codes | K scale | V codes |
         # V scale per record, viewed as the backend views it.
         self.records = to_upstream_layout(self.cache)
@@ -82,64 +137,22 @@ class SideBySide(DecodeSetup):
         floats = self.records.view(torch.float32)  # a record is 4-byte aligned: 2 * half
         self.upstream_k_scale = floats[..., HEAD_SIZE // 4]
         self.upstream_v_scale = floats[..., (half + HEAD_SIZE) // 4]
-        # Upstream's 16-bit cache, for its bf16 decode (timed only; random data).
-        kv16 = torch.randn(*self.records.shape[:3], 2 * HEAD_SIZE, dtype=model_dtype, device=device)
-        self.upstream_k16, self.upstream_v16 = kv16[..., :HEAD_SIZE], kv16[..., HEAD_SIZE:]
         self.upstream_out = torch.empty_like(self.query)
-        self.cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=device)
-        self.ones = torch.ones(1, dtype=torch.float32, device=device).expand(batch, NUM_KV_HEADS)
-        # The backend's split-KV scratch, sized as it sizes it.
-        self.threshold_3d = MIN_LAUNCH_GRID_SIZE_2D // NUM_KV_HEADS
-        self.segm_output = torch.empty(
-            self.threshold_3d, NUM_Q_HEADS, NUM_PAR_SOFTMAX_SEGMENTS, HEAD_SIZE, device=device
-        )
-        self.segm_max = torch.empty(
-            self.threshold_3d, NUM_Q_HEADS, NUM_PAR_SOFTMAX_SEGMENTS, device=device
-        )
-        self.segm_expsum = torch.empty_like(self.segm_max)
 
     def upstream(self, *, int8: bool) -> Callable[[], None]:
-        k, v = (
-            (self.upstream_k, self.upstream_v) if int8 else (self.upstream_k16, self.upstream_v16)
+        if not int8:
+            return bf16_decode(self)
+        return unified_decode(
+            self,
+            self.upstream_k,
+            self.upstream_v,
+            self.upstream_out,
+            kv_quant_mode=self.int8_mode,
+            k_scale_cache=self.upstream_k_scale,
+            v_scale_cache=self.upstream_v_scale,
+            k_descale=None,
+            v_descale=None,
         )
-        per_token_head = (
-            {
-                "kv_quant_mode": self.int8_mode,
-                "k_scale_cache": self.upstream_k_scale,
-                "v_scale_cache": self.upstream_v_scale,
-            }
-            if int8
-            else {}
-        )
-        descales = (None, None) if int8 else (self.ones, self.ones)
-
-        def call() -> None:
-            self.unified_attention(
-                q=self.query,
-                k=k,
-                v=v,
-                out=self.upstream_out,
-                cu_seqlens_q=self.cu_seqlens_q,
-                max_seqlen_q=1,
-                seqused_k=self.seq_lens,
-                max_seqlen_k=self.context,
-                softmax_scale=SOFTMAX_SCALE,
-                causal=True,
-                window_size=(-1, -1),
-                block_table=self.block_table,
-                softcap=0.0,
-                q_descale=None,
-                k_descale=descales[0],
-                v_descale=descales[1],
-                seq_threshold_3D=self.threshold_3d,
-                num_par_softmax_segments=NUM_PAR_SOFTMAX_SEGMENTS,
-                softmax_segm_output=self.segm_output,
-                softmax_segm_max=self.segm_max,
-                softmax_segm_expsum=self.segm_expsum,
-                **per_token_head,
-            )
-
-        return call
 
     def rel_diff(self) -> float:
         """Relative L2 between the two INT8 decodes' outputs on this shape's shared data."""

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     )
     from ._check import run_correctness
     from .ops.cache_write import cache_write
-    from .ops.paged_attention import decode_attention, prefill_attention
+    from .ops.paged_attention import DecodePlan, decode_attention, plan_decode, prefill_attention
 
 _LAZY_EXPORTS = {
     "PagedKVCache": "._cache",
@@ -32,12 +32,15 @@ _LAZY_EXPORTS = {
     "page_bytes": "._cache",
     "to_upstream_layout": "._cache",
     "cache_write": ".ops.cache_write",
+    "DecodePlan": ".ops.paged_attention",
     "decode_attention": ".ops.paged_attention",
+    "plan_decode": ".ops.paged_attention",
     "prefill_attention": ".ops.paged_attention",
     "run_correctness": "._check",
 }
 
 __all__ = [
+    "DecodePlan",
     "InvalidInputError",
     "KVQuantError",
     "KernelUnavailableError",
@@ -47,6 +50,7 @@ __all__ = [
     "decode_attention",
     "from_upstream_layout",
     "page_bytes",
+    "plan_decode",
     "prefill_attention",
     "run_correctness",
     "to_upstream_layout",

@@ -132,3 +132,65 @@ def test_hybrid_model_is_refused(smollm2: Path, tmp_path: Path) -> None:
 
 def test_refusals_are_kvquant_errors() -> None:
     assert issubclass(UnsupportedConfigError, VLLMPluginError)
+
+
+def test_gpu_builder_declares_decode_graphs_and_plans_captures_for_the_longest_context(
+    smollm2: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU builder's graph support, as vLLM's own resolution of the graph mode reads it;
+    and a capture's metadata built for the model's longest context, whatever the capture's
+    max_seq_len, with the warm-up's seq_lens cut to one key (as vLLM's Triton backend does).
+    Built here through the CPU backend's builder on the kernel path (Triton's interpreter),
+    which shares the GPU builder's code; vLLM captures CUDA graphs only on a GPU."""
+    from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode
+    from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVQuantMode
+
+    from kvquant.vllm_plugin._backend_v0_32 import KVQuantInt8CPUBackend, KVQuantInt8GPUBackend
+    from kvquant.vllm_plugin._kernels import KERNELS_ENV, KERNELS_ON_CPU
+
+    config = _engine_config(str(smollm2), INT8_KV_CACHE_DTYPE, block_size=32)
+    spec = FullAttentionSpec(
+        block_size=32,
+        num_kv_heads=3,
+        head_size=64,
+        dtype=torch.int8,
+        kv_quant_mode=KVQuantMode.INT8_PER_TOKEN_HEAD,
+    )
+    gpu, cpu = KVQuantInt8GPUBackend.get_builder_cls(), KVQuantInt8CPUBackend.get_builder_cls()
+    decode_only = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    assert gpu.get_cudagraph_support(config, spec) == decode_only
+    assert cpu.get_cudagraph_support(config, spec) == AttentionCGSupport.NEVER
+    for support, decode_mode in [
+        (decode_only, CUDAGraphMode.FULL),
+        (AttentionCGSupport.NEVER, CUDAGraphMode.NONE),
+    ]:
+        graphs = CompilationConfig(
+            mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE
+        )
+        resolved = graphs.resolve_cudagraph_mode_and_sizes(support, "kvquant")
+        assert resolved.decode_mode() == decode_mode, (support, resolved)
+
+    monkeypatch.setenv(KERNELS_ENV, KERNELS_ON_CPU)
+    builder = cpu(spec, ["model.layers.0.self_attn.attn"], config, torch.device("cpu"))
+    seq_lens = torch.tensor([7, 300], dtype=torch.int32)
+    query_start_loc = torch.tensor([0, 1, 2], dtype=torch.int32)
+    common = CommonAttentionMetadata(
+        query_start_loc=query_start_loc,
+        query_start_loc_cpu=query_start_loc,
+        seq_lens=seq_lens,
+        num_reqs=2,
+        num_actual_tokens=2,
+        max_query_len=1,
+        max_seq_len=300,
+        block_table_tensor=torch.zeros(2, 16, dtype=torch.int32),
+        slot_mapping=torch.tensor([6, 299], dtype=torch.int64),
+    )
+    metadata = builder.build_for_cudagraph_capture(common)
+    batch = metadata.kernel_batch
+    assert batch is not None and batch.num_decodes == 2
+    assert batch.decode_max_seq_len == config.model_config.max_model_len == 512
+    assert seq_lens.tolist() == [1, 1]  # vLLM's own buffer, which every replay rewrites
+    assert batch.decode_scratch is builder.decode_scratch is not None
+    eager = builder.build(0, common)
+    assert eager.kernel_batch is not None and eager.kernel_batch.decode_max_seq_len == 300

@@ -43,9 +43,14 @@ def check_tensor(
         raise InvalidInputError(f"`{name}` is a {type(tensor).__name__}; expected a torch.Tensor")
     if tensor.dtype not in dtypes:
         raise InvalidInputError(f"`{name}` has dtype {tensor.dtype}; expected one of {dtypes}")
-    if tensor.dim() != len(shape) or any(
-        want is not None and got != want for got, want in zip(tensor.shape, shape, strict=True)
-    ):
+    sizes = tensor.shape
+    matches = len(sizes) == len(shape)
+    if matches:  # a plain loop: launchers run these checks on every call
+        for got, want in zip(sizes, shape, strict=True):
+            if want is not None and got != want:
+                matches = False
+                break
+    if not matches:
         wanted = tuple("*" if s is None else s for s in shape)
         raise InvalidInputError(
             f"`{name}` has shape {tuple(tensor.shape)}; expected {wanted}".replace("'", "")
@@ -191,19 +196,193 @@ def launch(spec: KernelSpec, grid: tuple[int, ...], *args: object) -> None:
     )
 
 
-def resident_programs(spec: KernelSpec, grid: tuple[int, ...], *args: object) -> int:
-    """How many programs of ``spec`` one SM (CU) holds at once, from its compiled resource use.
+# ---- Launching without the JIT's per-call work ----
+#
+# ``kernel[grid](...)`` binds every argument to the signature, specializes each (type, alignment,
+# value 1, divisibility by 16), builds a cache key and looks the compiled variant up, on every
+# call: 16 us of host time for the decode's two launches on this project's CPU machine, before
+# the driver call. The variant a launcher compiles is fixed by its spec (`make_spec`), so it can
+# be found once and launched through the compiled kernel's own launcher, which the JIT itself
+# calls last: ``run(grid_x, grid_y, grid_z, stream, function, packed_metadata, launch_metadata,
+# enter_hook, exit_hook, *every_parameter)`` in Triton 3.6 and 3.9, on CUDA and HIP.
 
-    Compiles the kernel for ``args`` (as a launch would; nothing runs). CUDA: the driver's own
-    count (`_cuda_resident_blocks`). HIP: the CDNA2 formula of ``kvquant.build`` on the kernel's
-    VGPRs and LDS.
-    """
-    kernel = spec.kernel.warmup(
-        *args, grid=grid, **spec.constexprs, num_warps=spec.num_warps, num_stages=spec.num_stages
+_TORCH_TYPES = {name: dtype for dtype, name in _TRITON_TYPES.items()}
+# What `CompiledLaunch` uses of a compiled kernel; a Triton without any of it launches via the JIT.
+_COMPILED_KERNEL_API = ("_init_handles", "run", "function", "packed_metadata")
+# Gate for the direct launch (tests force the JIT path to compare the two).
+DIRECT_LAUNCH = True
+
+
+def sample_arguments(spec: KernelSpec) -> list[object]:
+    """Runtime arguments from which ``kernel.warmup`` compiles the variant a launch of ``spec``
+    gets: every pointer 16-byte aligned (a torch dtype, which Triton's warmup stands in for with
+    a tensor at address 0), every aligned integer divisible by 16 (not 1)."""
+    samples: list[object] = []
+    for name, kind in spec.signature.items():
+        if kind == "constexpr":
+            continue
+        if kind.startswith("*"):
+            samples.append(_TORCH_TYPES[kind[1:]])
+        elif kind.startswith(("fp", "bf")):
+            samples.append(1.0)
+        else:  # the others are do_not_specialize (make_spec): any value compiles the same
+            samples.append(16 if name in spec.aligned else 2)
+    return samples
+
+
+def _spec_key(spec: KernelSpec, device: torch.device) -> tuple[object, ...]:
+    return (
+        spec.name,
+        spec.kernel,
+        tuple(spec.signature.items()),
+        tuple(sorted(spec.constexprs.items())),
+        spec.num_warps,
+        spec.num_stages,
+        device.index,
     )
-    # The register count comes from the driver when the binary is loaded, which Triton defers to
-    # the first launch; load it now (Triton 3.6 and 3.9 name the step `_init_handles`).
-    kernel._init_handles()
+
+
+_compiled_kernels: dict[tuple[object, ...], Any] = {}
+
+
+def compiled_kernel(spec: KernelSpec, device: torch.device) -> Any:
+    """``spec``'s compiled kernel for a CUDA/HIP ``device``, its binary loaded (compiled once)."""
+    key = _spec_key(spec, device)
+    if key not in _compiled_kernels:
+        with torch.cuda.device(device):
+            kernel = spec.kernel.warmup(
+                *sample_arguments(spec),
+                grid=(1,),
+                **spec.constexprs,
+                num_warps=spec.num_warps,
+                num_stages=spec.num_stages,
+            )
+            if hasattr(kernel, "result"):  # Triton's asynchronous compile mode hands a future
+                kernel = kernel.result()
+            # The binary is loaded (and the register count known) on the first launch, which
+            # Triton 3.6 and 3.9 name `_init_handles`; load it now.
+            kernel._init_handles()
+        _compiled_kernels[key] = kernel
+    return _compiled_kernels[key]
+
+
+def aligned(addresses: int, sizes: int) -> bool:
+    """Whether OR-ed pointer ``addresses`` and OR-ed aligned integer ``sizes`` (strides) are all
+    multiples of 16, as `sample_arguments` compiled them."""
+    return (addresses | sizes) & 15 == 0
+
+
+class JitLaunch:
+    """Launches ``spec`` through Triton's JIT (`launch`): pointers as tensors. Serves Triton's
+    interpreter, arguments that are not aligned as the compiled variant assumes, and a Triton
+    whose compiled kernels lack `_COMPILED_KERNEL_API`."""
+
+    takes_addresses = False
+
+    def __init__(self, spec: KernelSpec) -> None:
+        self.spec = spec
+
+    def __call__(self, grid: tuple[int, ...], *args: object) -> None:
+        launch(self.spec, grid, *args)
+
+
+class CompiledLaunch:
+    """``spec`` compiled once for one device, launched through the compiled kernel's launcher.
+
+    Arguments are the runtime ones in signature order, pointers as addresses (ints, which both
+    Triton versions' launchers take as they are); the constexpr values follow them (every kernel
+    here declares its constexprs last, and the launcher takes every parameter). The caller
+    checks `aligned` first: the variant assumes what `sample_arguments` says. The launch hooks
+    and stream are the JIT's: the current stream of the current device, Triton's launch hooks
+    when any is registered (a profiler's).
+    """
+
+    takes_addresses = True
+
+    def __init__(self, spec: KernelSpec, device: torch.device) -> None:
+        from triton import knobs
+        from triton.runtime import driver
+
+        kernel = compiled_kernel(spec, device)
+        self._kernel = kernel
+        self._launcher = kernel.run
+        self._function = kernel.function
+        self._metadata = kernel.packed_metadata
+        self._constexprs = tuple(
+            spec.constexprs[name] for name, kind in spec.signature.items() if kind == "constexpr"
+        )
+        self._runtime = knobs.runtime
+        self._current_device = driver.active.get_current_device
+        self._current_stream = driver.active.get_current_stream
+
+    def __call__(self, grid: tuple[int, ...], *args: object) -> None:
+        stream = self._current_stream(self._current_device())
+        enter, leave = self._runtime.launch_enter_hook, self._runtime.launch_exit_hook
+        if _no_hooks(enter) and _no_hooks(leave):
+            enter = leave = metadata = None
+        else:
+            metadata = self._kernel.launch_metadata(grid, stream, *args, *self._constexprs)
+        self._launcher(
+            grid[0],
+            grid[1] if len(grid) > 1 else 1,
+            grid[2] if len(grid) > 2 else 1,
+            stream,
+            self._function,
+            self._metadata,
+            metadata,
+            enter,
+            leave,
+            *args,
+            *self._constexprs,
+        )
+
+
+def _no_hooks(hook: object) -> bool:
+    """An unset launch hook, or an empty chain of them (Triton's default)."""
+    return hook is None or getattr(hook, "calls", None) == []
+
+
+# By the spec object (kept, so its id is not reused) and device: launchers look theirs up per call.
+_launchers: dict[tuple[int, torch.device], tuple[KernelSpec, JitLaunch | CompiledLaunch]] = {}
+
+
+def kernel_launcher(spec: KernelSpec, device: torch.device) -> JitLaunch | CompiledLaunch:
+    """How launches of ``spec`` on ``device`` go: `CompiledLaunch` on CUDA/HIP devices (compiled
+    here, once per spec and device), else (the interpreter, or a Triton without the compiled
+    kernel's launcher) `JitLaunch`."""
+    entry = _launchers.get((id(spec), device))
+    if entry is not None and entry[0] is spec:
+        return entry[1]
+    launcher: JitLaunch | CompiledLaunch = JitLaunch(spec)
+    if device.type == "cuda" and not interpreted() and DIRECT_LAUNCH:
+        kernel = compiled_kernel(spec, device)
+        if all(hasattr(kernel, name) for name in _COMPILED_KERNEL_API) and not (
+            _constexprs_not_last(spec)
+        ):
+            launcher = CompiledLaunch(spec, device)
+    _launchers[(id(spec), device)] = (spec, launcher)
+    return launcher
+
+
+def _constexprs_not_last(spec: KernelSpec) -> bool:
+    kinds = [kind == "constexpr" for kind in spec.signature.values()]
+    return kinds != sorted(kinds)
+
+
+def clear_launch_caches() -> None:
+    """Forget compiled kernels and launchers (after a sweep changed the launch constants)."""
+    _compiled_kernels.clear()
+    _launchers.clear()
+
+
+def resident_programs(spec: KernelSpec, device: torch.device) -> int:
+    """How many programs of ``spec`` one SM (CU) of ``device`` holds at once, from its compiled
+    resource use.
+
+    CUDA: the driver's own count (`_cuda_resident_blocks`). HIP: the CDNA2 formula of
+    ``kvquant.build`` on the kernel's VGPRs and LDS.
+    """
+    kernel = compiled_kernel(spec, device)
     shared = int(kernel.metadata.shared)
     if torch.version.hip is not None:
         from ..build._resources import cdna2_waves_per_simd

@@ -19,9 +19,11 @@ from .._errors import InvalidInputError
 from ._common import (
     ACTIVATION_DTYPES,
     KernelSpec,
+    aligned,
     check_runnable,
     check_target,
     check_tensor,
+    kernel_launcher,
     launch,
     make_spec,
     next_power_of_2,
@@ -239,6 +241,10 @@ def cache_write(
             for a padding token that is skipped.
         validate: check slot_mapping's range on the device first (one host sync). Turn off only
             for inputs already known good, e.g. inside a CUDA graph.
+
+    Without validation the write reads no tensor on the host and, given an int64 slot mapping,
+    allocates nothing: a CUDA/HIP graph can capture it and be replayed with new contents of
+    key, value and slot_mapping.
     """
     device = cache.device
     num_tokens = key.shape[0] if isinstance(key, torch.Tensor) and key.dim() > 0 else 0
@@ -278,29 +284,37 @@ def cache_write(
         model_dtype=key.dtype,
         cache_dtype=cache.dtype,
     )
-    grid = (triton.cdiv(num_tokens, _BLOCK_TOKENS), cache.num_kv_heads)
+    if slot_mapping.dtype != torch.int64:  # the kernel's signature; int64 needs no copy
+        slot_mapping = slot_mapping.to(torch.int64)
+    grid = (-(-num_tokens // _BLOCK_TOKENS), cache.num_kv_heads)
+    sizes = (num_tokens, cache.head_size, cache.block_size, page_shift(cache.block_size))
+    strides = (
+        *key.stride()[:2],
+        *value.stride()[:2],
+        *cache.k.stride()[:2],
+        *cache.v.stride()[:2],
+        *k_scale.stride()[:2],
+    )
+    launcher = kernel_launcher(spec, device)
+    if launcher.takes_addresses:
+        pointers = (
+            key.data_ptr(),
+            value.data_ptr(),
+            slot_mapping.data_ptr(),
+            cache.k.data_ptr(),
+            cache.v.data_ptr(),
+            k_scale.data_ptr(),
+            v_scale.data_ptr(),
+        )
+        addresses = sizes_or = 0
+        for address in pointers:
+            addresses |= address
+        for size in strides:
+            sizes_or |= size
+        if aligned(addresses, sizes_or):
+            launcher(grid, *pointers, *sizes, *strides)
+            return
+    # Triton's JIT: under the interpreter, or strides the compiled variant does not assume.
     launch(
-        spec,
-        grid,
-        key,
-        value,
-        slot_mapping.to(torch.int64),
-        cache.k,
-        cache.v,
-        k_scale,
-        v_scale,
-        num_tokens,
-        cache.head_size,
-        cache.block_size,
-        page_shift(cache.block_size),
-        key.stride(0),
-        key.stride(1),
-        value.stride(0),
-        value.stride(1),
-        cache.k.stride(0),
-        cache.k.stride(1),
-        cache.v.stride(0),
-        cache.v.stride(1),
-        k_scale.stride(0),
-        k_scale.stride(1),
+        spec, grid, key, value, slot_mapping, cache.k, cache.v, k_scale, v_scale, *sizes, *strides
     )

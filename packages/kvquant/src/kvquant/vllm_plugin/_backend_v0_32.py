@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import torch
 from vllm.v1.attention.backend import (
     AttentionBackend,
+    AttentionCGSupport,
     AttentionImpl,
     AttentionMetadataBuilder,
 )
@@ -22,7 +23,7 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from .._cache import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES
 from ._errors import UnsupportedConfigError
-from ._impl import Int8Builder, Int8Layer, Int8Metadata
+from ._impl import GRAPH_SUPPORT, Int8Builder, Int8Layer, Int8Metadata
 from ._serving import (
     INT8_KV_CACHE_DTYPE,
     check_attention_layer,
@@ -40,7 +41,14 @@ class KVQuantInt8MetadataBuilder(Int8Builder, AttentionMetadataBuilder[Int8Metad
         device: torch.device,
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self._setup_builder(kv_cache_spec.block_size, device)
+        self._setup_builder(kv_cache_spec, vllm_config, device)
+
+
+class KVQuantInt8GPUMetadataBuilder(KVQuantInt8MetadataBuilder):
+    """The builder on CUDA and ROCm, where kvquant's kernels serve: vLLM may capture steps of
+    single-token decodes in full graphs (``GRAPH_SUPPORT``); the CPU builder declares none."""
+
+    _cudagraph_support: ClassVar[Any] = getattr(AttentionCGSupport, GRAPH_SUPPORT)
 
 
 class KVQuantInt8Impl(Int8Layer, AttentionImpl[Int8Metadata]):  # type: ignore[misc,unused-ignore]
@@ -118,3 +126,7 @@ class KVQuantInt8GPUBackend(KVQuantInt8Backend):
     """
 
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
+
+    @staticmethod
+    def get_builder_cls() -> type[KVQuantInt8GPUMetadataBuilder]:
+        return KVQuantInt8GPUMetadataBuilder

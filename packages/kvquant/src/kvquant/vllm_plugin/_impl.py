@@ -18,8 +18,10 @@ from typing import Any
 
 import torch
 
+from .._cache import PagedKVCache
 from ._errors import UnsupportedConfigError
 from ._kernels import (
+    DecodeScratch,
     KernelBatch,
     Numerics,
     attend_with_kernels,
@@ -63,6 +65,13 @@ _FORWARD_PARAMETERS = [
     "output_block_scale",
 ]
 _BUILD_PARAMETERS = ["common_prefix_len", "common_attn_metadata", "fast_build"]
+_CAPTURE_BUILD_PARAMETERS = ["common_attn_metadata"]
+# What Int8Builder reads of the engine's config to size the decode scratch for graph capture.
+_CONFIG_FIELDS = {
+    "ModelConfig": ("max_model_len", "dtype"),
+    "CompilationConfig": ("cudagraph_capture_sizes",),
+    "SchedulerConfig": ("max_num_seqs",),
+}
 _COMMON_METADATA_FIELDS = (
     "query_start_loc",
     "query_start_loc_cpu",
@@ -104,6 +113,40 @@ def check_layer_api(expect: Expect) -> None:
         set(_COMMON_METADATA_FIELDS) <= common_fields,
         f"CommonAttentionMetadata lacks one of {_COMMON_METADATA_FIELDS}",
     )
+    # CUDA graphs: the GPU builders declare uniform single-token decode batches capturable and
+    # build the capture's metadata for the model's longest context.
+    support = getattr(backend_api, "AttentionCGSupport", None)
+    expect(
+        support is not None and hasattr(support, GRAPH_SUPPORT),
+        f"vllm.v1.attention.backend has no AttentionCGSupport.{GRAPH_SUPPORT}",
+    )
+    expect(
+        hasattr(builder, "_cudagraph_support")
+        and parameters(builder.build_for_cudagraph_capture)[1:] == _CAPTURE_BUILD_PARAMETERS,
+        "AttentionMetadataBuilder has no _cudagraph_support or another "
+        "build_for_cudagraph_capture(common_attn_metadata)",
+    )
+    from vllm import config as config_api
+
+    for class_name, names in _CONFIG_FIELDS.items():
+        config_class = getattr(config_api, class_name, None)
+        fields = (
+            set() if config_class is None else {f.name for f in dataclasses.fields(config_class)}
+        )
+        expect(set(names) <= fields, f"vllm.config.{class_name} lacks one of {names}")
+    model_config = getattr(config_api, "ModelConfig", None)
+    expect(
+        model_config is not None
+        and parameters(model_config.get_num_attention_heads)[1:2] == ["parallel_config"],
+        "ModelConfig.get_num_attention_heads(parallel_config, ...) has another signature",
+    )
+
+
+# The AttentionCGSupport level the GPU builders declare: the strongest that holds. Steps of
+# single-token decodes are one plan launch, no host read, no allocation. UNIFORM_BATCH (equal
+# query lengths above 1, speculative decoding) and ALWAYS (mixed batches) would capture
+# prefill_attention, which reads its cu_seqlens on the host.
+GRAPH_SUPPORT = "UNIFORM_SINGLE_TOKEN_DECODE"
 
 
 @dataclass
@@ -117,7 +160,9 @@ class Int8Metadata:
     kernel_batch: KernelBatch | None  # None: the fp32 torch reference serves this batch
 
 
-def build_metadata(common: Any, numerics: Numerics) -> Int8Metadata:
+def build_metadata(
+    common: Any, numerics: Numerics, decode_scratch: DecodeScratch | None = None
+) -> Int8Metadata:
     """The batch of vLLM's ``CommonAttentionMetadata`` (the fields both versions share)."""
     if common.causal is not True:
         raise UnsupportedConfigError(
@@ -135,6 +180,7 @@ def build_metadata(common: Any, numerics: Numerics) -> Int8Metadata:
             seq_lens,
             block_table,
             common.max_seq_len,
+            decode_scratch,
         )
     return Int8Metadata(
         num_actual_tokens=common.num_actual_tokens,
@@ -151,21 +197,75 @@ DECODER = "decoder"
 
 class Int8Builder:
     """The metadata builder's part, mixed into each vLLM version's ``AttentionMetadataBuilder``;
-    the version's builder calls ``_setup_builder`` from its constructor."""
+    the version's builder calls ``_setup_builder`` from its constructor.
+
+    On the kernel path it owns the decode scratch of its layers (`DecodeScratch`), reserved on
+    a GPU for the batch sizes vLLM captures at the model's longest context, and builds a
+    capture's metadata for that context (``build_for_cudagraph_capture``): a captured decode
+    then covers every length a replay brings.
+    """
 
     # vLLM's model runner then puts one-token requests first, so the kernel path attends them in
     # one decode launch (0.32's V2 runner orders batches that way by itself).
     reorder_batch_threshold: int | None = 1
     numerics: Numerics
+    decode_scratch: DecodeScratch | None
+    max_model_len: int
 
-    def _setup_builder(self, block_size: int, device: torch.device) -> None:
-        check_block_size(block_size)
-        self.numerics = numerics_for(torch.device(device))
+    def _setup_builder(self, kv_cache_spec: Any, vllm_config: Any, device: torch.device) -> None:
+        check_block_size(kv_cache_spec.block_size)
+        device = torch.device(device)
+        self.numerics = numerics_for(device)
+        model = vllm_config.model_config
+        self.max_model_len = int(model.max_model_len)
+        self.decode_scratch = None
+        if self.numerics == "triton":
+            self.decode_scratch = DecodeScratch(device)
+            if device.type == "cuda":
+                self._reserve_decode_scratch(kv_cache_spec, vllm_config)
+
+    def _reserve_decode_scratch(self, kv_cache_spec: Any, vllm_config: Any) -> None:
+        """Scratch for the decode plans of every batch size vLLM may capture (uniform decode
+        batches of at most max_num_seqs requests), at the model's longest context."""
+        from .. import plan_decode
+
+        assert self.decode_scratch is not None
+        model = vllm_config.model_config
+        sizes = vllm_config.compilation_config.cudagraph_capture_sizes or []
+        max_seqs = vllm_config.scheduler_config.max_num_seqs
+        window = getattr(kv_cache_spec, "sliding_window", None)
+        self.decode_scratch.reserve(
+            plan_decode(
+                num_seqs=size,
+                max_seq_len=self.max_model_len,
+                num_q_heads=model.get_num_attention_heads(vllm_config.parallel_config),
+                num_kv_heads=kv_cache_spec.num_kv_heads,
+                head_size=kv_cache_spec.head_size,
+                block_size=kv_cache_spec.block_size,
+                model_dtype=model.dtype,
+                cache_dtype=torch.int8,
+                device=self.decode_scratch.device,
+                sliding_window=sliding_window,
+            )
+            for size in sizes
+            if size <= max_seqs
+            for sliding_window in {None, window}
+        )
 
     def build(
         self, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False
     ) -> Int8Metadata:
-        return build_metadata(common_attn_metadata, self.numerics)
+        return build_metadata(common_attn_metadata, self.numerics, self.decode_scratch)
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: Any) -> Int8Metadata:
+        """A capture's metadata, as vLLM's Triton backend builds it: the decode planned for the
+        model's longest context (whatever the capture's max_seq_len says), and the captured
+        warm-up's sequences cut to one key (seq_lens is vLLM's own buffer, rewritten before
+        every replay)."""
+        common = dataclasses.replace(common_attn_metadata, max_seq_len=self.max_model_len)
+        metadata = self.build(0, common)
+        metadata.seq_lens.fill_(1)
+        return metadata
 
 
 class Int8Layer:
@@ -219,6 +319,15 @@ class Int8Layer:
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         # Decided on the first write, from the cache's device (the builder decides the same way).
         self.write_numerics: Numerics | None = None
+        # The layer's KV tensor is the same every step: its view is made once (`_cache_view`).
+        self._cache_view: tuple[tuple[Any, ...], PagedKVCache] | None = None
+
+    def _view(self, kv_cache: torch.Tensor) -> PagedKVCache:
+        """``cache_view`` of the layer's tensor, remade only when another tensor comes."""
+        key = (kv_cache.data_ptr(), kv_cache.shape, kv_cache.stride(), kv_cache.device)
+        if self._cache_view is None or self._cache_view[0] != key:
+            self._cache_view = (key, cache_view(kv_cache, self.head_size))
+        return self._cache_view[1]
 
     def do_kv_cache_update(
         self,
@@ -230,7 +339,7 @@ class Int8Layer:
     ) -> None:
         if self.write_numerics is None:
             self.write_numerics = numerics_for(kv_cache.device)
-        cache = cache_view(kv_cache, self.head_size)
+        cache = self._view(kv_cache)
         if self.write_numerics == "triton":
             write_with_kernels(cache, key, value, slot_mapping)
         else:
@@ -257,7 +366,7 @@ class Int8Layer:
         assert output is not None
         if attn_metadata is None:  # vLLM's warm-up and profiling runs carry no batch
             return output
-        cache = cache_view(kv_cache, self.head_size)
+        cache = self._view(kv_cache)
         if attn_metadata.kernel_batch is not None:
             attend_with_kernels(
                 query,
