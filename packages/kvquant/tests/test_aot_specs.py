@@ -137,13 +137,18 @@ def _compiled_variants(
 def test_one_compiled_variant_serves_every_gqa_ratio_up_to_the_decode_columns() -> None:
     """The group is a runtime argument: the ratios that pad to the decode's query-head columns
     share every spec (one build cell). gfx90a: 16 columns, wider groups pad further. CUDA: 8
-    (the n8 integer MMA), and a wider group is split over programs of 8 (`_decode_columns`), so
-    one decode serves every ratio."""
+    (the n8 integer MMA), and a wider INT8 group is split over programs of 8 (`_decode_columns`),
+    so one INT8 decode serves every ratio; the 16-bit decode keeps the whole group."""
     one, four, eight, sixteen = (_compiled_variants(gqa=g) for g in (1, 4, 8, 16))
     assert one == four == eight == sixteen
     assert _compiled_variants(gqa=32)["decode_attention"] != sixteen["decode_attention"]
     cuda = [_compiled_variants(gqa=g, target="cuda") for g in (1, 4, 7, 8, 16, 32)]
     assert all(variants == cuda[0] for variants in cuda)
+    bf16 = [
+        _compiled_variants(gqa=g, target="cuda", cache_dtype=torch.bfloat16)["decode_attention"]
+        for g in (8, 16, 32)
+    ]
+    assert bf16[0] != bf16[1] != bf16[2]
 
 
 def test_reducer_and_cache_write_serve_head_sizes_that_pad_alike() -> None:

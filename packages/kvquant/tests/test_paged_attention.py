@@ -693,8 +693,10 @@ def test_captured_write_and_decode_replay_exactly_as_eager_gpu(
     plan = _plan_for(batch, 1024, num_splits=num_splits)
     assert num_splits == 1 or plan.num_splits > 1
     scratch, out = plan.new_scratch(), torch.empty_like(query)
-    key = torch.empty(4, 2, 128, dtype=torch.bfloat16, device=device)
-    value, slots = torch.empty_like(key), _last_slots(table, _CAPTURE_LENGTHS, block)
+    # Real values from the first call on: the warm-up and the capture write them into the
+    # cache, where later replays' longer sequences attend them (empty memory could hold NaN).
+    key = torch.randn(4, 2, 128, generator=gen).to(device, torch.bfloat16)
+    value, slots = torch.randn_like(key), _last_slots(table, _CAPTURE_LENGTHS, block)
     full_table = table.clone()
     scale = 128**-0.5
 

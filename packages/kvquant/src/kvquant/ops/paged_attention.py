@@ -82,14 +82,14 @@ _DECODE_TILE_BYTES = {1: 256, 2: 128}
 _DECODE_TILE_N_MAX = 64
 # HIP keeps the 4-warp, 128-token layout (not timed on a gfx90a).
 _DECODE_TILE_N_HIP = 128
-# Query-head columns of one decode program, at most (`_decode_columns`). A GQA-32 group on 32
-# columns takes two warps per program, 32-key tiles and four times the MMA, softmax and P-split
-# work per key of the 8-column program, whose cross-warp exchanges sit in every tile; the H200
-# ran it at 0.93x the 16-bit decode (MQA 32/1, batch 32 x 8k, 1,120 GB/s). At 8 columns each
-# program is the one-warp, 64-key shape of GQA 4 and 7 (1.7-2.0x the 16-bit decode) and the
-# group's four programs read the same tiles, three of them mostly from L2. Chosen from that
-# reasoning, not yet timed: `benchmark_paged_attention.py --geometry --columns 8 16 0` times the
-# caps side by side (0: none). HIP has no cap (not timed on a gfx90a).
+# Query-head columns of one INT8 decode program, at most (`_decode_columns`), by target; a wider
+# group is split over programs that each read the kv head's tiles (the others from L2). On the
+# H200 (bf16 model, head 128, block 16, graph of 4 calls; `benchmark_paged_attention.py
+# --geometry --columns 8 16 0`): MQA 32/1 at 32 x 8k took 0.055 ms at 8 columns, 0.068 at 16 and
+# 0.061 uncapped; 16/1 0.036 / 0.042 / 0.042; 32/2 0.059 / 0.069 / 0.069; GQA 4-8 the same at
+# every cap (one block). The 16-bit decode is fastest uncapped (MQA 0.057 ms, 0.116 at 8
+# columns): its bf16 dot is one MMA per tile whatever the width, so it keeps the whole group.
+# HIP has no cap (not timed on a gfx90a).
 _DECODE_COLUMNS_MAX: dict[str, int] = {"cuda": 8, "interpreter": 8}
 # Query rows (query tokens x query heads of one kv head) per prefill program.
 _PREFILL_ROWS = 64
@@ -1018,12 +1018,13 @@ def _decode_shape(
     return min(max(tile_n, _PAGE_RUN.value * num_warps), _DECODE_TILE_N_MAX), num_warps
 
 
-def _decode_columns(gqa: int, target: str) -> int:
+def _decode_columns(gqa: int, target: str, quantized: bool) -> int:
     """Decode query heads per program, the dots' N: the group padded to a power of two, at least
     the narrowest integer MMA (n8 on CUDA; gfx90a's MFMA takes 16, narrower falls back to FMA),
-    at most _DECODE_COLUMNS_MAX[target]; a wider group is split over programs (`head_blocks`)."""
+    for INT8 at most _DECODE_COLUMNS_MAX[target]; a wider group is split over programs
+    (`head_blocks`)."""
     columns = max(next_power_of_2(gqa), 16 if target == "hip" else 8)
-    cap = _DECODE_COLUMNS_MAX.get(target)
+    cap = _DECODE_COLUMNS_MAX.get(target) if quantized else None
     return columns if cap is None else min(columns, cap)
 
 
@@ -1099,7 +1100,7 @@ def decode_spec(
     Cached: launches call it every time. Tuning sweeps that change the module's constants call
     ``clear_spec_caches()``."""
     constexprs = _shared_constexprs(head_size, block_size, cache_dtype, target)
-    constexprs["GROUP_PAD"] = _decode_columns(gqa, target)
+    constexprs["GROUP_PAD"] = _decode_columns(gqa, target, cache_dtype == torch.int8)
     tile_n, num_warps = _decode_shape(constexprs, cache_dtype, target)
     constexprs["TILE_N"] = tile_n
     constexprs["ONE_SPLIT"] = one_split
