@@ -825,6 +825,19 @@ def figure_signature(artifact: str) -> bytes | None:
 Presenter = Callable[[Table, str], tuple[list[str], list[list[Scalar]]]]
 
 
+def _quoted(table: Table, verbatim: frozenset[str]) -> list[list[Scalar]]:
+    """The table's rows with the text of its ``verbatim`` columns quoted as code; the record's
+    schema words (passed, failed) stay words."""
+    quoted = {i for i, column in enumerate(table.columns) if column in verbatim}
+    return [
+        [
+            code_cell(v) if i in quoted and isinstance(v, str) and v not in _TRANSLATED_CELLS else v
+            for i, v in enumerate(row)
+        ]
+        for row in table.rows
+    ]
+
+
 @dataclass(frozen=True)
 class StageRenderer:
     """A renderer of one stage's record; the writer calls it once per hardware class where the
@@ -844,13 +857,15 @@ def render_record_table(
     figures: Sequence[str] = (),
     no_baseline_key: str | None = None,
     present: tuple[Presenter, frozenset[str]] | None = None,
+    verbatim: frozenset[str] = frozenset(),
 ) -> StageRenderer:
     """A renderer that shows one named table of one stage's record, then the named figures
     the record has (PNG artifacts, which the writer copies beside the ADRs).
 
     `present` is a function that turns the table into the columns and rows shown, in the ADR's
     language, and the columns it needs; a table without them (from an older record) is shown
-    as recorded.
+    as recorded. `verbatim` columns hold a check's own words (an error, a detail in English):
+    they are quoted as code, since no record sentence is in the ADR's language.
 
     A table without rows shows the label `empty_key`, or `no_baseline_key` when the table says
     there was no earlier result to compare against (`Table.baseline_found` is False). A record
@@ -871,7 +886,7 @@ def render_record_table(
             if present is not None and present[1] <= set(found.columns):
                 body = markdown_table(lang, *present[0](found, lang))
             else:
-                body = markdown_table(lang, found.columns, found.rows)
+                body = markdown_table(lang, found.columns, _quoted(found, verbatim))
         elif found is not None and found.baseline_found is False and no_baseline_key:
             body = markdown_text(label(lang, no_baseline_key))
         else:
@@ -907,8 +922,12 @@ BLOCKS: dict[str, Renderer] = {
         "nothing-left-out",
         present=(_present_left_out, _LEFT_OUT_COLUMNS),
     ),
-    "kvquant-correctness": render_record_table("correctness", "errors", "no-cases"),
-    "kvquant-edge-cases": render_record_table("correctness", "edge-cases", "no-cases"),
+    "kvquant-correctness": render_record_table(
+        "correctness", "errors", "no-cases", verbatim=frozenset({"verdict"})
+    ),
+    "kvquant-edge-cases": render_record_table(
+        "correctness", "edge-cases", "no-cases", verbatim=frozenset({"detail"})
+    ),
     "kvquant-resources": render_record_table("kernels", "resources", "no-cases"),
     "kvquant-resource-diff": render_record_table(
         "kernels", "resource-diff", "no-diff", no_baseline_key="no-previous-build"
@@ -921,6 +940,7 @@ BLOCKS: dict[str, Renderer] = {
         "kernels",
         "no-rows",
         figures=("throughput-kernel-vs-context.png", "throughput-kernel-vs-batch.png"),
+        verbatim=frozenset({"verdict"}),
     ),
     "kvbench-capacity": render_record_table("throughput", "capacity", "no-rows"),
     "kvbench-e2e": render_record_table(
@@ -932,5 +952,6 @@ BLOCKS: dict[str, Renderer] = {
             "throughput-e2e-vs-input_len.png",
             "throughput-trend.png",
         ),
+        verbatim=frozenset({"verdict"}),
     ),
 }
