@@ -147,7 +147,7 @@ def test_one_compiled_variant_serves_every_gqa_ratio_up_to_the_decode_columns() 
     assert cuda[1] == cuda[4] == cuda[7] == cuda[8]
     assert cuda[9] == cuda[16] and cuda[24] == cuda[32] == cuda[64]
     for gqa, columns in ((8, 8), (16, 16), (32, 32)):
-        constexprs = cuda[gqa]["decode_attention"][0]
+        constexprs = _specs(gqa=gqa, target="cuda")[0].constexprs
         assert (constexprs["USE_FP16_PV"], constexprs["GROUP_PAD"]) == (gqa > 8, columns)
     assert [k for k in cuda[8] if cuda[8][k] != cuda[16][k]] == list(DECODES)
     bf16 = [
