@@ -241,26 +241,31 @@ from kvquant.build._elf import verify_cubin
 from kvquant.ops.paged_attention import decode_spec
 
 report = []
-for head_size, gqa, one_split in json.loads(sys.argv[1]):
-    spec = decode_spec(head_size=head_size, block_size=16, gqa=gqa, model_dtype=torch.bfloat16,
-                       cache_dtype=torch.int8, target="cuda", one_split=one_split)
+for head_size, block_size, gqa, one_split in json.loads(sys.argv[1]):
+    spec = decode_spec(head_size=head_size, block_size=block_size, gqa=gqa,
+                       model_dtype=torch.bfloat16, cache_dtype=torch.int8, target="cuda",
+                       one_split=one_split)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(spec.signature)
              if n in spec.aligned}
     source = triton.compiler.ASTSource(spec.kernel, spec.signature, spec.constexprs, attrs)
     options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     found = verify_cubin(kernel.asm["cubin"], sm=90, kernel=kernel.metadata.name)
-    report.append([head_size, gqa, one_split, bool(spec.constexprs["USE_FP16_PV"]), found])
+    report.append([head_size, block_size, gqa, one_split, spec.constexprs["USE_FP16_PV"], found])
 print(json.dumps(report))
 """
 
 
 def test_fp16_pv_decode_builds_for_sm90_without_a_stack_frame() -> None:
     """The fp16 P x V decode (INT8, GQA >= 16 on CUDA) at the shapes that hold the most
-    registers: head 128 at 32 columns (both epilogues) and head 256 at 16 and 32 columns (its
-    own launch shapes, `_fp16_pv_shape`). The build matrix's GQA ratios (1, 4, 8) do not reach
-    it. Two processes side by side, like the test above."""
-    cells = [[[128, 32, False], [256, 16, False]], [[128, 32, True], [256, 32, False]]]
+    registers: head 128 at 32 columns (both epilogues; at block 32, without page-wise V loads,
+    its tile is halved) and head 256 at 16 and 32 columns (its own launch shapes,
+    `_fp16_pv_shape`). The build matrix's GQA ratios (1, 4, 8) do not reach it. Two processes
+    side by side, like the test above."""
+    cells = [
+        [[128, 16, 32, False], [128, 32, 32, False], [256, 16, 16, False]],
+        [[128, 16, 32, True], [256, 16, 32, False]],
+    ]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     runs = [
@@ -278,9 +283,9 @@ def test_fp16_pv_decode_builds_for_sm90_without_a_stack_frame() -> None:
         stdout, stderr = run.communicate()
         assert run.returncode == 0, stderr[-3000:]
         report += json.loads(stdout.strip().splitlines()[-1])
-    assert len(report) == 4
-    for head_size, gqa, one_split, fp16_pv, found in report:
-        cell = (head_size, gqa, one_split, found)
+    assert len(report) == 5
+    for head_size, block_size, gqa, one_split, fp16_pv, found in report:
+        cell = (head_size, block_size, gqa, one_split, found)
         assert fp16_pv and found["scratch_bytes"] == 0 and found["registers"] <= 255, cell
 
 

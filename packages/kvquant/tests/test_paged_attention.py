@@ -904,17 +904,23 @@ def test_captured_write_and_decode_replay_exactly_as_eager_gpu(
 
 @pytest.mark.gpu
 @require_cuda()
-@pytest.mark.parametrize("cache_dtype", [torch.int8, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("cache_dtype", "group"), [(torch.int8, 8), (torch.int8, 32), (torch.bfloat16, 8)]
+)
 def test_compiled_launch_matches_the_jit_launch_gpu(
     cache_dtype: torch.dtype,
+    group: int,
     monkeypatch: pytest.MonkeyPatch,
     device: torch.device,
     gen: torch.Generator,
 ) -> None:
     """The compiled kernels launched directly (ops._common.CompiledLaunch) give the bits that
-    Triton's JIT launch of the same plan gives, for the decode, its reducer and the cache write;
-    a query whose address the compiled variant does not assume goes through the JIT instead."""
-    batch = _batch([1, 300, 2000, 77], device, gen, head_size=128, group=8, cache_dtype=cache_dtype)
+    Triton's JIT launch of the same plan gives, for the decode (INT8 GQA 32: the fp16 P x V
+    one), its reducer and the cache write; a query whose address the compiled variant does not
+    assume goes through the JIT instead."""
+    batch = _batch(
+        [1, 300, 2000, 77], device, gen, head_size=128, group=group, cache_dtype=cache_dtype
+    )
     key = torch.randn(4, 2, 128, generator=gen).to(device, torch.bfloat16)
     slots = torch.tensor([3, -1, 40, 41], device=device)
 

@@ -21,6 +21,10 @@ INT8 specifics (why they are done this way):
 - K scales multiply the scores of their key, V scales P's entries of their key, and the tile's
   largest V scale the PV dot's result. int8 cannot carry NaN: a key whose V scale is not finite
   gets a NaN K scale instead, which reaches exactly the query heads that see it.
+- Wide groups (16 and more query heads per kv head, CUDA; USE_FP16_PV): Q x K as above, but
+  P x V in fp16, the whole group in one program: the V codes are widened in registers (exact),
+  P is rounded to fp16 (11 bits), and the running max and V reference move only when a tile
+  passes them (`_fp16_pv_step`). 8-column integer programs would each redo the per-key work.
 - The 16-bit path multiplies in the cache dtype; only under the interpreter (DOT_IN_FP32) are
   the 16-bit operands widened to fp32, because it mishandles bf16 dots.
 """
@@ -109,13 +113,15 @@ _DECODE_COLUMNS_MAX: dict[str, int] = {"cuda": 8, "interpreter": 8}
 _FP16_PV_MIN_COLUMNS: dict[str, int] = {"cuda": 16, "interpreter": 16}
 _FP16_PV_COLUMNS_MAX = 32
 # Launch shape of the fp16 P x V decode (`_fp16_pv_shape`): two warps, which split the keys of
-# the scores and the dims of the accumulator, and at most _FP16_PV_ACC_ELEMENTS fp32 accumulator
-# values per lane (more warps where the group needs them); KV tiles of _DECODE_TILE_N_MAX keys
-# while the widened V tile holds at most _FP16_PV_V_ELEMENTS values. sm_90 build (Triton 3.9),
-# no stack frame: head 128 at 32 / 16 columns 255 / 196 registers, head 256 (32-key tiles; 4
-# warps at 32 columns) 221 / 235, head 64 211 / 146. Chosen on resource use; not timed.
+# the scores and the dims of the accumulator, more where the accumulator passes
+# _FP16_PV_ACC_ELEMENTS fp32 per lane (head 256 at 32 columns); KV tiles of _DECODE_TILE_N_MAX
+# keys, half that at head 256 and where a program without page-wise V loads holds more than
+# _FP16_PV_V_LOAD_COLUMNS head dims x columns. From sm_90 builds (Triton 3.9 and 3.6) of head
+# 64, 96, 128 and 256 at 16 and 32 columns, blocks 16 and 32, both epilogues, none with a stack
+# frame: head 128 at 32 columns 255 registers (block 16); at 64-key tiles block 32 spilled 24
+# bytes there with 3.9, head 256 up to 400 (4 warps: 248). Chosen on resource use; not timed.
 _FP16_PV_ACC_ELEMENTS = 64
-_FP16_PV_V_ELEMENTS = 8192
+_FP16_PV_V_LOAD_COLUMNS = 2048
 # Query rows (query tokens x query heads of one kv head) per prefill program.
 _PREFILL_ROWS = 64
 # Prefill KV tile and pipeline stages (CUDA), from the H200 `--prefill` sweep (NOTES.md, session
@@ -1151,10 +1157,11 @@ def _fp16_pv_default(gqa: int, quantized: bool, target: str) -> bool:
     return quantized and least is not None and next_power_of_2(gqa) >= least
 
 
-def _fp16_pv_shape(head_pad: int, columns: int) -> tuple[int, int]:
+def _fp16_pv_shape(head_pad: int, columns: int, v_pagewise: bool) -> tuple[int, int]:
     """(KV tile, warps) of the fp16 P x V decode; see _FP16_PV_ACC_ELEMENTS."""
     num_warps = max(2, head_pad * columns // (32 * _FP16_PV_ACC_ELEMENTS))
-    return min(_DECODE_TILE_N_MAX, _FP16_PV_V_ELEMENTS // head_pad), num_warps
+    halve = head_pad > 128 or (not v_pagewise and head_pad * columns > _FP16_PV_V_LOAD_COLUMNS)
+    return _DECODE_TILE_N_MAX // (2 if halve else 1), num_warps
 
 
 def _head_blocks(gqa: int, columns: int) -> int:
@@ -1242,7 +1249,9 @@ def decode_spec(
     constexprs["GROUP_PAD"] = _decode_columns(gqa, target, quantized, fp16_pv)
     if fp16_pv:
         tile_n, num_warps = _fp16_pv_shape(
-            int(constexprs["HEAD_PAD"]), int(constexprs["GROUP_PAD"])
+            int(constexprs["HEAD_PAD"]),
+            int(constexprs["GROUP_PAD"]),
+            bool(constexprs["V_PAGEWISE"]),
         )
         # Its fp16 dots, like the 16-bit ones, go to the interpreter in fp32 (exact there).
         constexprs["DOT_IN_FP32"] = target == "interpreter"
