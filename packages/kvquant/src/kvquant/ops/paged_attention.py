@@ -103,13 +103,13 @@ _DECODE_COLUMNS_MAX: dict[str, int] = {"cuda": 8, "interpreter": 8}
 # INT8 decodes of groups that pad to at least _FP16_PV_MIN_COLUMNS[target] query heads run the
 # P x V dot in fp16 (USE_FP16_PV, `_fp16_pv_step`): the whole group (up to
 # _FP16_PV_COLUMNS_MAX columns) in one program, which loads each K/V tile once, where the
-# integer decode's programs of 8 columns each load it and each redo the per-key work. Predicted
-# from the sm_90 build (Triton 3.9, head 128, tile loop without softcap and rescale): MQA 32/1,
-# per 64 keys of the group, 2 x 1,111 instructions on 2 warps against 4 x 1,078 for the four
-# 8-column programs; 16/1 2 x 779 against 2 x 1,078 (NOTES.md, "The fp16 P x V decode"). Not
-# timed yet. CUDA only: the V codes are widened by PTX (`_widen_codes`); gfx90a keeps the
-# integer dots (its MFMA takes int8 at the fp16 rate; nothing timed there). The interpreter
-# follows CUDA.
+# integer decode's programs of 8 columns each load it and each redo the per-key work. Counted
+# in the sm_90 build (Triton 3.6 / 3.9, head 128, the tile loop without softcap and rescale), per
+# 64 keys of the group: MQA 32/1 2 x 1,200 / 1,111 instructions on 2 warps against 4 x 1,064 /
+# 1,078 for the four 8-column programs; 16/1 2 x 831 / 779 against 2 x 1,064 / 1,078 (NOTES.md,
+# "The fp16 P x V decode"). Not timed yet. CUDA only: the V codes are widened by PTX
+# (`_widen_codes`); gfx90a keeps the integer dots (its MFMA takes int8 at the fp16 rate;
+# nothing timed there). The interpreter follows CUDA.
 _FP16_PV_MIN_COLUMNS: dict[str, int] = {"cuda": 16, "interpreter": 16}
 _FP16_PV_COLUMNS_MAX = 32
 # Launch shape of the fp16 P x V decode (`_fp16_pv_shape`): two warps, which split the keys of
@@ -538,8 +538,8 @@ def _fp16_pv_step(
 def _widen_codes(codes, DOT_IN_FP32: tl.constexpr):
     """int8 codes as fp16, exactly. PTX, 5 instructions per 4 codes: each code, its sign bit
     flipped (code + 128), becomes the low mantissa byte of 1024.0, and 1152 is subtracted.
-    Triton's own int8 -> fp16 conversion takes about 3.5 per code on sm_90 (sign-extend,
-    I2F, pack). The interpreter runs no PTX: it converts."""
+    Triton's own int8 -> fp16 conversion takes 3.5-4 per code on sm_90 (sign extension, I2F,
+    repacking). The interpreter runs no PTX: it converts."""
     if DOT_IN_FP32:
         return codes.to(tl.float16)
     return tl.inline_asm_elementwise(
