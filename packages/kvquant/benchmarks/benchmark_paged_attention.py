@@ -34,6 +34,7 @@ import importlib.util
 import itertools
 import statistics
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -463,8 +464,11 @@ def eager_ms(calls: Sequence[Callable[[], object]]) -> float:
     return statistics.median(times)
 
 
-def planned_run(setup: DecodeSetup) -> tuple[Callable[[], object], paged_attention.DecodePlan]:
-    """The decode as the vLLM plugin launches it: a DecodePlan and a scratch made once."""
+def planned_run(
+    setup: DecodeSetup, fp16_pv: bool | None = None
+) -> tuple[Callable[[], object], paged_attention.DecodePlan]:
+    """The decode as the vLLM plugin launches it: a DecodePlan and a scratch made once.
+    ``fp16_pv`` (INT8 caches): `plan_decode`'s choice of the P x V dot, None the launch's."""
     num_q_heads, num_kv_heads, head_size = setup.geometry
     plan = paged_attention.plan_decode(
         num_seqs=setup.query.shape[0],
@@ -476,6 +480,7 @@ def planned_run(setup: DecodeSetup) -> tuple[Callable[[], object], paged_attenti
         model_dtype=setup.query.dtype,
         cache_dtype=setup.cache.dtype,
         device=setup.query.device,
+        fp16_pv=fp16_pv if setup.cache.is_quantized else None,
     )
     run = functools.partial(
         plan.run,
@@ -499,14 +504,73 @@ def upstream_bf16() -> Callable[[DecodeSetup], Callable[[], None]] | None:
     return bf16_decode
 
 
-def geometry_table(column_caps: list[int]) -> None:
+@dataclass(frozen=True)
+class PvChoice:
+    """One INT8 decode of the geometry table (--pv): its P x V dot ("auto": the launch's
+    choice, "int8", "fp16"), and for fp16 optionally a forced launch shape, "fp16@TILExWARPS"
+    (a tuning sweep: it replaces the module's `_fp16_pv_shape` while its rows run)."""
+
+    name: str
+    fp16_pv: bool | None
+    shape: tuple[int, int] | None = None
+
+
+def pv_choice(text: str) -> PvChoice:
+    """--pv's argument type: auto, int8, fp16 or fp16@TILExWARPS."""
+    kind, _, shape = text.partition("@")
+    choices = {"auto": None, "int8": False, "fp16": True}
+    if kind not in choices or (shape and kind != "fp16"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected auto, int8, fp16 or fp16@TILExWARPS")
+    if not shape:
+        return PvChoice(text, choices[kind])
+    tile, _, warps = shape.partition("x")
+    if not (tile.isdigit() and warps.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected fp16@TILExWARPS, e.g. fp16@32x2")
+    return PvChoice(text, True, (int(tile), int(warps)))
+
+
+def group_filter(text: str) -> tuple[int, int]:
+    """--groups' argument type: Q/KV, query and kv heads of rows of GEOMETRIES."""
+    query, _, kv = text.partition("/")
+    if not (query.isdigit() and kv.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected query/kv heads, e.g. 32/1")
+    return int(query), int(kv)
+
+
+@contextlib.contextmanager
+def decode_launch(cap: int, choice: PvChoice) -> Iterator[None]:
+    """The module's launch constants as a geometry row needs them: the integer decode's column
+    cap (0: none), and the fp16 P x V decode's launch shape where ``choice`` forces one."""
+    shipped_cap = paged_attention._DECODE_COLUMNS_MAX.get("cuda")
+    shipped_shape = paged_attention._fp16_pv_shape
+    paged_attention._DECODE_COLUMNS_MAX["cuda"] = cap or 1 << 30
+    if choice.shape is not None:
+        paged_attention._fp16_pv_shape = lambda *_, shape=choice.shape: shape
+    paged_attention.clear_spec_caches()
+    try:
+        yield
+    finally:
+        if shipped_cap is None:
+            paged_attention._DECODE_COLUMNS_MAX.pop("cuda", None)
+        else:
+            paged_attention._DECODE_COLUMNS_MAX["cuda"] = shipped_cap
+        paged_attention._fp16_pv_shape = shipped_shape
+        paged_attention.clear_spec_caches()
+
+
+def geometry_table(
+    column_caps: list[int], choices: list[PvChoice], groups: list[tuple[int, int]]
+) -> None:
     """Graph and eager time per call of our INT8 and 16-bit decodes (and upstream's bf16 where
-    vLLM is importable) on each of GEOMETRIES x GEOMETRY_SHAPES, once per cap on a decode
-    program's query-head columns (0: none, the launch before the cap; `_decode_columns`).
+    vLLM is importable) on each of GEOMETRIES x GEOMETRY_SHAPES (those of ``groups`` if any),
+    once per cap on the integer decode's query-head columns (0: none; `_decode_columns`) and
+    per choice of the INT8 decode's P x V dot (--pv).
 
     "graph": per call of a graph of GRAPH_CALLS decodes over GRAPH_CALLS caches, replayed.
     "eager": per call of EAGER_CALLS back-to-back launches (`eager_ms`): through the plan as the
-    plugin launches it, and through decode_attention (its checks and plan lookup per call).
+    plugin launches it, and ("call") through decode_attention (its checks and plan lookup per
+    call; the launch's own choice, so only timed for "auto"). The 16-bit decode takes neither
+    setting: it is timed once per geometry and shape, and its figures repeat.
     """
     upstream = upstream_bf16()
     print(
@@ -515,52 +579,68 @@ def geometry_table(column_caps: list[int]) -> None:
         + ("vLLM's unified_attention, bf16" if upstream else "skipped, vLLM is not importable")
     )
     print(
-        f"{'cols':>4} {'q/kv':>5} {'head':>4} {'batch x ctx':>11} {'grid':>13} "
+        f"{'cols':>4} {'pv':>10} {'q/kv':>5} {'head':>4} {'batch x ctx':>11} {'grid':>13} "
         f"{'int8 graph':>10} {'GB/s':>5} {'eager':>6} {'call':>6} "
         f"{'16b graph':>9} {'eager':>6} {'vs 16b':>6} {'up eager':>8} {'up graph':>8} "
         f"{'int8/up':>7}"
     )
-    shipped_cap = paged_attention._DECODE_COLUMNS_MAX.get("cuda")
-    try:
-        for cap in column_caps:
-            paged_attention._DECODE_COLUMNS_MAX["cuda"] = cap or 1 << 30
-            paged_attention.clear_spec_caches()
-            for geometry, (batch, context) in itertools.product(GEOMETRIES, GEOMETRY_SHAPES):
-                geometry_row(cap, geometry, batch, context, upstream)
-    finally:
-        if shipped_cap is None:
-            paged_attention._DECODE_COLUMNS_MAX.pop("cuda", None)
-        else:
-            paged_attention._DECODE_COLUMNS_MAX["cuda"] = shipped_cap
-        paged_attention.clear_spec_caches()
+    rows = [
+        (geometry, shape)
+        for geometry, shape in itertools.product(GEOMETRIES, GEOMETRY_SHAPES)
+        if not groups or geometry[:2] in groups
+    ]
+    baseline: dict[tuple[object, ...], dict[str, float]] = {}
+    for cap, choice in itertools.product(column_caps, choices):
+        with decode_launch(cap, choice):
+            for geometry, (batch, context) in rows:
+                key = (geometry, batch, context)
+                if key not in baseline:
+                    baseline[key] = sixteen_bit_times(geometry, batch, context, upstream)
+                geometry_row(cap, choice, geometry, batch, context, baseline[key])
 
 
-def geometry_row(
-    cap: int,
+def sixteen_bit_times(
     geometry: tuple[int, int, int],
     batch: int,
     context: int,
     upstream: Callable[[DecodeSetup], Callable[[], None]] | None,
+) -> dict[str, float]:
+    """Graph and eager ms of our 16-bit decode of one geometry row, and upstream's bf16."""
+    setups = [
+        DecodeSetup(batch, context, MODEL_DTYPE, geometry=geometry) for _ in range(GRAPH_CALLS)
+    ]
+    runs = [planned_run(setup)[0] for setup in setups]
+    times = {"16b graph": graph_ms(*runs), "16b eager": eager_ms(runs)}
+    if upstream is not None:
+        calls = [upstream(setup) for setup in setups]
+        times["up eager"], times["up graph"] = eager_ms(calls), graph_ms(*calls)
+    return times
+
+
+def geometry_row(
+    cap: int,
+    choice: PvChoice,
+    geometry: tuple[int, int, int],
+    batch: int,
+    context: int,
+    baseline: dict[str, float],
 ) -> None:
     num_q_heads, num_kv_heads, head_size = geometry
-    times: dict[str, float] = {}
-    for name, dtype in (("int8", torch.int8), ("16b", MODEL_DTYPE)):
-        setups = [DecodeSetup(batch, context, dtype, geometry=geometry) for _ in range(GRAPH_CALLS)]
-        planned = [planned_run(setup) for setup in setups]
-        runs = [run for run, _ in planned]
-        times[f"{name} graph"] = graph_ms(*runs)
-        times[f"{name} eager"] = eager_ms(runs)
-        if name == "int8":
-            times["int8 call"] = eager_ms([setup.run for setup in setups])
-            plan = planned[0][1]
-            if upstream is not None:
-                calls = [upstream(setup) for setup in setups]
-                times["up eager"], times["up graph"] = eager_ms(calls), graph_ms(*calls)
-                del calls
-        del setups, planned, runs
+    setups = [
+        DecodeSetup(batch, context, torch.int8, geometry=geometry) for _ in range(GRAPH_CALLS)
+    ]
+    planned = [planned_run(setup, choice.fp16_pv) for setup in setups]
+    runs = [run for run, _ in planned]
+    times = dict(baseline)
+    times["int8 graph"] = graph_ms(*runs)
+    times["int8 eager"] = eager_ms(runs)
+    call = f"{eager_ms([setup.run for setup in setups]):>6.3f}" if choice.fp16_pv is None else "-"
+    plan = planned[0][1]
+    del setups, planned, runs
     per_token_head = 2 * head_size + 8
     gbs = batch * context * num_kv_heads * per_token_head / times["int8 graph"] / 1e6
     grid = "x".join(map(str, plan._decode_grid))
+    pv = ("fp16" if plan.fp16_pv else "int8") + (choice.name[4:] if choice.shape else "")
     upstream_cells = (
         f"{times['up eager']:>8.3f} {times['up graph']:>8.3f} "
         f"{times['int8 eager'] / times['up eager']:>6.2f}x"
@@ -568,9 +648,9 @@ def geometry_row(
         else f"{'-':>8} {'-':>8} {'-':>7}"
     )
     print(
-        f"{cap or 'none':>4} {num_q_heads:>2}/{num_kv_heads:<2} {head_size:>4} "
+        f"{cap or 'none':>4} {pv:>10} {num_q_heads:>2}/{num_kv_heads:<2} {head_size:>4} "
         f"{batch:>3} x {context // 1024:>3}k {grid:>13} {times['int8 graph']:>10.3f} {gbs:>5.0f} "
-        f"{times['int8 eager']:>6.3f} {times['int8 call']:>6.3f} {times['16b graph']:>9.3f} "
+        f"{times['int8 eager']:>6.3f} {call:>6} {times['16b graph']:>9.3f} "
         f"{times['16b eager']:>6.3f} {times['16b graph'] / times['int8 graph']:>5.2f}x "
         + upstream_cells,
         flush=True,
@@ -689,8 +769,25 @@ def main() -> None:
         type=int,
         default=[8],
         metavar="CAP",
-        help="--geometry: caps on a decode program's query-head columns to time, in turn "
-        "(0: no cap, the launch before the cap)",
+        help="--geometry: caps on the integer INT8 decode's query-head columns to time, in turn "
+        "(0: no cap)",
+    )
+    parser.add_argument(
+        "--pv",
+        nargs="+",
+        type=pv_choice,
+        default=[PvChoice("auto", None)],
+        metavar="CHOICE",
+        help="--geometry: the INT8 decode's P x V dot to time, in turn: auto (the launch's "
+        "choice), int8, fp16, or fp16@TILExWARPS (a forced launch shape)",
+    )
+    parser.add_argument(
+        "--groups",
+        nargs="+",
+        type=group_filter,
+        default=[],
+        metavar="Q/KV",
+        help="--geometry: only the rows of these query/kv heads (e.g. 32/1 16/1)",
     )
     parser.add_argument(
         "--profile",
@@ -714,7 +811,7 @@ def main() -> None:
     elif args.prefill:
         prefill_sweep()
     elif args.geometry:
-        geometry_table(args.columns)
+        geometry_table(args.columns, args.pv, args.groups)
     else:
         table(copy_bandwidth())
         prefill_table()

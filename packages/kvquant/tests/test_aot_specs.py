@@ -137,13 +137,19 @@ def _compiled_variants(
 def test_one_compiled_variant_serves_every_gqa_ratio_up_to_the_decode_columns() -> None:
     """The group is a runtime argument: the ratios that pad to the decode's query-head columns
     share every spec (one build cell). gfx90a: 16 columns, wider groups pad further. CUDA: 8
-    (the n8 integer MMA), and a wider INT8 group is split over programs of 8 (`_decode_columns`),
-    so one INT8 decode serves every ratio; the 16-bit decode keeps the whole group."""
+    (the n8 integer MMA) up to GQA 8; INT8 groups of 9 to 16 and of 17 and more take the fp16
+    P x V decode at 16 and 32 columns (a wider group split over programs of 32); the 16-bit
+    decode keeps the whole group."""
     one, four, eight, sixteen = (_compiled_variants(gqa=g) for g in (1, 4, 8, 16))
     assert one == four == eight == sixteen
     assert _compiled_variants(gqa=32)["decode_attention"] != sixteen["decode_attention"]
-    cuda = [_compiled_variants(gqa=g, target="cuda") for g in (1, 4, 7, 8, 16, 32)]
-    assert all(variants == cuda[0] for variants in cuda)
+    cuda = {g: _compiled_variants(gqa=g, target="cuda") for g in (1, 4, 7, 8, 9, 16, 24, 32, 64)}
+    assert cuda[1] == cuda[4] == cuda[7] == cuda[8]
+    assert cuda[9] == cuda[16] and cuda[24] == cuda[32] == cuda[64]
+    for gqa, columns in ((8, 8), (16, 16), (32, 32)):
+        constexprs = _specs(gqa=gqa, target="cuda")[0].constexprs
+        assert (constexprs["USE_FP16_PV"], constexprs["GROUP_PAD"]) == (gqa > 8, columns)
+    assert [k for k in cuda[8] if cuda[8][k] != cuda[16][k]] == list(DECODES)
     bf16 = [
         _compiled_variants(gqa=g, target="cuda", cache_dtype=torch.bfloat16)["decode_attention"]
         for g in (8, 16, 32)
@@ -226,6 +232,61 @@ def test_every_spec_compiles_for_sm90_and_gfx90a() -> None:
         "cache_write",
     ]
     assert all(size > 0 for _, _, size in compiled)
+
+
+_COMPILE_FP16_PV = """
+import json, sys, torch, triton
+from triton.backends.compiler import GPUTarget
+from kvquant.build._elf import verify_cubin
+from kvquant.ops.paged_attention import decode_spec
+
+report = []
+for head_size, block_size, gqa, one_split in json.loads(sys.argv[1]):
+    spec = decode_spec(head_size=head_size, block_size=block_size, gqa=gqa,
+                       model_dtype=torch.bfloat16, cache_dtype=torch.int8, target="cuda",
+                       one_split=one_split)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(spec.signature)
+             if n in spec.aligned}
+    source = triton.compiler.ASTSource(spec.kernel, spec.signature, spec.constexprs, attrs)
+    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    found = verify_cubin(kernel.asm["cubin"], sm=90, kernel=kernel.metadata.name)
+    report.append([head_size, block_size, gqa, one_split, spec.constexprs["USE_FP16_PV"], found])
+print(json.dumps(report))
+"""
+
+
+def test_fp16_pv_decode_builds_for_sm90_without_a_stack_frame() -> None:
+    """The fp16 P x V decode (INT8, GQA >= 16 on CUDA) at the shapes that hold the most
+    registers: head 128 at 32 columns (both epilogues; at block 32, without page-wise V loads,
+    its tile is halved) and head 256 at 16 and 32 columns (its own launch shapes,
+    `_fp16_pv_shape`). The build matrix's GQA ratios (1, 4, 8) do not reach it. Two processes
+    side by side, like the test above."""
+    cells = [
+        [[128, 16, 32, False], [128, 32, 32, False], [256, 16, 16, False]],
+        [[128, 16, 32, True], [256, 16, 32, False]],
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _COMPILE_FP16_PV, json.dumps(part)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for part in cells
+    ]
+    report = []
+    for run in runs:
+        stdout, stderr = run.communicate()
+        assert run.returncode == 0, stderr[-3000:]
+        report += json.loads(stdout.strip().splitlines()[-1])
+    assert len(report) == 5
+    for head_size, block_size, gqa, one_split, fp16_pv, found in report:
+        cell = (head_size, block_size, gqa, one_split, found)
+        assert fp16_pv and found["scratch_bytes"] == 0 and found["registers"] <= 255, cell
 
 
 _LAUNCH_CONTRACT = """

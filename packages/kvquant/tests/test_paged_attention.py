@@ -229,6 +229,162 @@ def test_decode_16_bit_output(
     _assert_close(out, _expected(batch), 1e-2)
 
 
+# ---- The fp16 P x V decode (`decode_spec`'s fp16_pv): INT8 groups of 16 and more ----
+
+
+def _wide_batch(
+    seq_lens: list[int],
+    device: torch.device,
+    gen: torch.Generator,
+    *,
+    group: int,
+    num_kv_heads: int,
+    head_size: int = 128,
+    block_size: int = 16,
+    model_dtype: torch.dtype = torch.bfloat16,
+) -> PagedBatch:
+    return make_paged_batch(
+        seq_lens=seq_lens, num_kv_heads=num_kv_heads, group=group, head_size=head_size,
+        block_size=block_size, cache_dtype=torch.int8, model_dtype=model_dtype, device=device,
+        generator=gen,
+    )  # fmt: skip
+
+
+def _run_plan(
+    batch: PagedBatch, max_seq_len: int, softcap: float | None = None, **plan_options: Any
+) -> tuple[DecodePlan, torch.Tensor]:
+    """A plan's decode of ``batch`` (fp32 output, poisoned with NaN first) and the plan."""
+    plan = _plan_for(batch, max_seq_len, out_dtype=torch.float32, **plan_options)
+    out = torch.full(batch.query.shape, math.nan, device=batch.query.device)
+    scale = batch.query.shape[-1] ** -0.5
+    seq_lens = batch.seq_lens.to(torch.int32)
+    plan.run(batch.query, batch.cache, batch.block_table, seq_lens, scale, softcap=softcap, out=out)
+    return plan, out
+
+
+# GQA 16 and 32 on one and two kv heads (MQA 32/1 included), ragged lengths, one split and
+# several, head and block sizes; 24 pads to 32 columns and head 96 to 128; 64 query heads per
+# kv head are two programs of 32.
+@pytest.mark.parametrize(
+    ("group", "num_kv_heads", "head_size", "block_size", "model_dtype", "num_splits"),
+    [
+        (32, 1, 128, 16, torch.bfloat16, None),
+        (16, 1, 128, 32, torch.float16, 1),
+        (16, 2, 64, 16, torch.bfloat16, 3),
+        (32, 2, 64, 32, torch.bfloat16, 1),
+        (24, 1, 96, 16, torch.float16, None),
+        (64, 1, 64, 16, torch.bfloat16, 2),
+    ],
+)
+def test_fp16_pv_decode_matches_reference(
+    group: int,
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    model_dtype: torch.dtype,
+    num_splits: int | None,
+    device: torch.device,
+    gen: torch.Generator,
+) -> None:
+    batch = _wide_batch(
+        _mixed_lens(block_size, 300), device, gen, group=group, num_kv_heads=num_kv_heads,
+        head_size=head_size, block_size=block_size, model_dtype=model_dtype,
+    )  # fmt: skip
+    plan, out = _run_plan(batch, 300, num_splits=num_splits)
+    assert plan.fp16_pv and (num_splits is None or plan.num_splits == num_splits)
+    assert plan._decode_grid[1] == num_kv_heads * -(-group // 32)
+    _assert_close(out, _expected(batch), INT8_TOLERANCE)
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(1, None), (50, None), (None, 5.0), (140, 30.0)])
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_fp16_pv_decode_window_and_softcap(
+    window: int | None,
+    softcap: float | None,
+    num_splits: int,
+    device: torch.device,
+    gen: torch.Generator,
+) -> None:
+    batch = _wide_batch([1, 15, 17, 300], device, gen, group=16, num_kv_heads=2, head_size=64)
+    plan, out = _run_plan(batch, 300, softcap=softcap, sliding_window=window, num_splits=num_splits)
+    assert plan.fp16_pv
+    _assert_close(out, _expected(batch, window, softcap), INT8_TOLERANCE)
+
+
+def test_fp16_pv_decode_rescales_when_later_keys_dominate(
+    device: torch.device, gen: torch.Generator
+) -> None:
+    """The running max and the V reference move only when a tile passes them: here keys 100 to
+    139 carry 1000x larger V scales, and keys from 200 on score 30x higher (far past the
+    headroom), so the accumulator is rescaled mid-split once for each; without either, P
+    would pass fp16's range. One split over all the keys, and several."""
+    batch = _wide_batch([300, 260], device, gen, group=32, num_kv_heads=1)
+    assert batch.cache.k_scale is not None and batch.cache.v_scale is not None
+    for seq, length in enumerate((300, 260)):
+        for position in (*range(100, 140), *range(200, length)):
+            page, slot = int(batch.block_table[seq, position // 16]), position % 16
+            if position < 200:
+                batch.cache.v_scale[page, 0, slot] *= 1000.0
+            else:
+                batch.cache.k_scale[page, 0, slot] *= 30.0
+    expected = _expected(batch)
+    for num_splits in (1, 3):
+        plan, out = _run_plan(batch, 300, num_splits=num_splits)
+        assert plan.fp16_pv
+        _assert_close(out, expected, INT8_TOLERANCE)
+
+
+def test_fp16_pv_decode_nan_reaches_only_the_query_heads_that_see_it(
+    device: torch.device, gen: torch.Generator
+) -> None:
+    """A NaN V scale of one token of kv head 1 (sequence 0) and a NaN query row (sequence 1):
+    NaN exactly in kv head 1's query heads of sequence 0 and in that row; every other output
+    the bits of the clean decode."""
+    seed = int(torch.randint(0, 2**31 - 1, (), generator=gen))
+    clean, dirty = (
+        _wide_batch([300, 200], device, torch.Generator().manual_seed(seed), group=16,
+                    num_kv_heads=2)
+        for _ in range(2)
+    )  # fmt: skip
+    assert dirty.cache.v_scale is not None
+    dirty.cache.v_scale[int(dirty.block_table[0, 150 // 16]), 1, 150 % 16] = math.nan
+    dirty.query[1, 5, 7] = math.nan
+    got, want = _run_plan(dirty, 300, num_splits=2)[1], _run_plan(clean, 300, num_splits=2)[1]
+    poisoned = torch.zeros(got.shape[:2], dtype=torch.bool, device=got.device)
+    poisoned[0, 16:32] = True
+    poisoned[1, 5] = True
+    assert got[poisoned].isnan().all()
+    assert torch.equal(got[~poisoned], want[~poisoned])
+
+
+def test_int8_groups_of_16_and_more_take_the_fp16_pv_decode() -> None:
+    """The launch's choice by target and GQA ratio, and a forced choice it cannot serve refused
+    in one line (the fp16 P x V decode widens codes in PTX, and needs an INT8 cache)."""
+    geometry: dict[str, Any] = {"head_size": 128, "block_size": 16, "model_dtype": torch.bfloat16}
+
+    def chosen(gqa: int, target: str, cache_dtype: torch.dtype = torch.int8) -> tuple[bool, int]:
+        spec = paged_attention.decode_spec(
+            **geometry, gqa=gqa, cache_dtype=cache_dtype, target=target
+        )
+        return bool(spec.constexprs["USE_FP16_PV"]), int(spec.constexprs["GROUP_PAD"])
+
+    for target in ("cuda", "interpreter"):
+        assert [chosen(g, target) for g in (4, 8, 9, 16, 32, 64)] == [
+            (False, 8), (False, 8), (True, 16), (True, 16), (True, 32), (True, 32)
+        ]  # fmt: skip
+    assert [chosen(g, "hip") for g in (16, 32)] == [(False, 16), (False, 32)]
+    assert chosen(32, "cuda", torch.bfloat16) == (False, 32)
+    forced = paged_attention.decode_spec(
+        **geometry, gqa=4, cache_dtype=torch.int8, target="cuda", fp16_pv=True
+    )
+    assert (forced.constexprs["USE_FP16_PV"], forced.constexprs["GROUP_PAD"]) == (True, 8)
+    for target, cache_dtype in (("hip", torch.int8), ("cuda", torch.bfloat16)):
+        with pytest.raises(InvalidInputError, match=r"^`fp16_pv`[^\n]*$"):
+            paged_attention.decode_spec(
+                **geometry, gqa=32, cache_dtype=cache_dtype, target=target, fp16_pv=True
+            )
+
+
 @pytest.mark.parametrize(
     ("head_size", "block_size", "group", "cache_dtype", "model_dtype"),
     [
@@ -400,8 +556,11 @@ def test_plan_sizes_its_launch_and_scratch(device: torch.device, gen: torch.Gene
     # A context rounds up to whole KV tiles; every length rounding alike shares the plan.
     assert plan.max_seq_len == -(-300 // tile_n) * tile_n
     assert _plan_for(batch, plan.max_seq_len - 1, out_dtype=torch.float32) is plan
-    # 16 query heads per kv head on 8 columns: two programs per kv head (2 kv heads).
-    assert plan._decode_grid == (3, 2 * 2, plan.num_splits)
+    # 16 query heads per kv head (2 kv heads): one program each on the fp16 P x V decode, two
+    # of 8 columns each on the integer one.
+    assert plan.fp16_pv and plan._decode_grid == (3, 2, plan.num_splits)
+    integer = _plan_for(batch, 300, out_dtype=torch.float32, fp16_pv=False)
+    assert not integer.fp16_pv and integer._decode_grid == (3, 2 * 2, integer.num_splits)
     assert plan.num_splits > 1 and plan.tiles_per_split * plan.num_splits >= 300 / tile_n
     stats = 3 * 32 * plan.num_splits
     assert plan.scratch_elements == stats * 64 + 2 * (-(-stats // 4) * 4)
@@ -745,17 +904,23 @@ def test_captured_write_and_decode_replay_exactly_as_eager_gpu(
 
 @pytest.mark.gpu
 @require_cuda()
-@pytest.mark.parametrize("cache_dtype", [torch.int8, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("cache_dtype", "group"), [(torch.int8, 8), (torch.int8, 32), (torch.bfloat16, 8)]
+)
 def test_compiled_launch_matches_the_jit_launch_gpu(
     cache_dtype: torch.dtype,
+    group: int,
     monkeypatch: pytest.MonkeyPatch,
     device: torch.device,
     gen: torch.Generator,
 ) -> None:
     """The compiled kernels launched directly (ops._common.CompiledLaunch) give the bits that
-    Triton's JIT launch of the same plan gives, for the decode, its reducer and the cache write;
-    a query whose address the compiled variant does not assume goes through the JIT instead."""
-    batch = _batch([1, 300, 2000, 77], device, gen, head_size=128, group=8, cache_dtype=cache_dtype)
+    Triton's JIT launch of the same plan gives, for the decode (INT8 GQA 32: the fp16 P x V
+    one), its reducer and the cache write; a query whose address the compiled variant does not
+    assume goes through the JIT instead."""
+    batch = _batch(
+        [1, 300, 2000, 77], device, gen, head_size=128, group=group, cache_dtype=cache_dtype
+    )
     key = torch.randn(4, 2, 128, generator=gen).to(device, torch.bfloat16)
     slots = torch.tensor([3, -1, 40, 41], device=device)
 

@@ -21,6 +21,10 @@ INT8 specifics (why they are done this way):
 - K scales multiply the scores of their key, V scales P's entries of their key, and the tile's
   largest V scale the PV dot's result. int8 cannot carry NaN: a key whose V scale is not finite
   gets a NaN K scale instead, which reaches exactly the query heads that see it.
+- Wide groups (16 and more query heads per kv head, CUDA; USE_FP16_PV): Q x K as above, but
+  P x V in fp16, the whole group in one program: the V codes are widened in registers (exact),
+  P is rounded to fp16 (11 bits), and the running max and V reference move only when a tile
+  passes them (`_fp16_pv_step`). 8-column integer programs would each redo the per-key work.
 - The 16-bit path multiplies in the cache dtype; only under the interpreter (DOT_IN_FP32) are
   the 16-bit operands widened to fp32, because it mishandles bf16 dots.
 """
@@ -63,6 +67,10 @@ from ._common import (
 
 # Scores are kept in log2 units so the softmax can use exp2.
 _LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+# The fp16 P x V decode (USE_FP16_PV) moves its running max only when a tile's scores pass it by
+# more than this (log2 units), and its V reference only when a tile's V scale passes it: P then
+# stays below 127 * 2**8 = 32,512, inside fp16 (65,504), and most tiles skip the rescale.
+_FP16_PV_HEADROOM: tl.constexpr = tl.constexpr(8.0)
 # Every supported block size is a multiple of 16, so a page holds whole runs of 16 keys: within a
 # run the page base is constant and the in-page offsets are contiguous. The attention kernels
 # state that much (the block size itself is a runtime argument), so one compiled variant serves
@@ -89,8 +97,31 @@ _DECODE_TILE_N_HIP = 128
 # 0.061 uncapped; 16/1 0.036 / 0.042 / 0.042; 32/2 0.059 / 0.069 / 0.069; GQA 4-8 the same at
 # every cap (one block). The 16-bit decode is fastest uncapped (MQA 0.057 ms, 0.116 at 8
 # columns): its bf16 dot is one MMA per tile whatever the width, so it keeps the whole group.
-# HIP has no cap (not timed on a gfx90a).
+# HIP has no cap (not timed on a gfx90a). Groups of _FP16_PV_MIN_COLUMNS take the fp16 P x V
+# decode instead, which keeps up to _FP16_PV_COLUMNS_MAX columns in a program.
 _DECODE_COLUMNS_MAX: dict[str, int] = {"cuda": 8, "interpreter": 8}
+# INT8 decodes of groups that pad to at least _FP16_PV_MIN_COLUMNS[target] query heads run the
+# P x V dot in fp16 (USE_FP16_PV, `_fp16_pv_step`): the whole group (up to
+# _FP16_PV_COLUMNS_MAX columns) in one program, which loads each K/V tile once, where the
+# integer decode's programs of 8 columns each load it and each redo the per-key work. Counted
+# in the sm_90 build (Triton 3.6 / 3.9, head 128, the tile loop without softcap and rescale), per
+# 64 keys of the group: MQA 32/1 2 x 1,200 / 1,111 instructions on 2 warps against 4 x 1,064 /
+# 1,078 for the four 8-column programs; 16/1 2 x 831 / 779 against 2 x 1,064 / 1,078 (NOTES.md,
+# "The fp16 P x V decode"). Not timed yet. CUDA only: the V codes are widened by PTX
+# (`_widen_codes`); gfx90a keeps the integer dots (its MFMA takes int8 at the fp16 rate;
+# nothing timed there). The interpreter follows CUDA.
+_FP16_PV_MIN_COLUMNS: dict[str, int] = {"cuda": 16, "interpreter": 16}
+_FP16_PV_COLUMNS_MAX = 32
+# Launch shape of the fp16 P x V decode (`_fp16_pv_shape`): two warps, which split the keys of
+# the scores and the dims of the accumulator, more where the accumulator passes
+# _FP16_PV_ACC_ELEMENTS fp32 per lane (head 256 at 32 columns); KV tiles of _DECODE_TILE_N_MAX
+# keys, half that at head 256 and where a program without page-wise V loads holds more than
+# _FP16_PV_V_LOAD_COLUMNS head dims x columns. From sm_90 builds (Triton 3.9 and 3.6) of head
+# 64, 96, 128 and 256 at 16 and 32 columns, blocks 16 and 32, both epilogues, none with a stack
+# frame: head 128 at 32 columns 255 registers (block 16); at 64-key tiles block 32 spilled 24
+# bytes there with 3.9, head 256 up to 400 (4 warps: 248). Chosen on resource use; not timed.
+_FP16_PV_ACC_ELEMENTS = 64
+_FP16_PV_V_LOAD_COLUMNS = 2048
 # Query rows (query tokens x query heads of one kv head) per prefill program.
 _PREFILL_ROWS = 64
 # Prefill KV tile and pipeline stages (CUDA), from the H200 `--prefill` sweep (NOTES.md, session
@@ -383,17 +414,20 @@ def _decode_tiles(
     QUANTIZED: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     V_PAGEWISE: tl.constexpr,
+    USE_FP16_PV: tl.constexpr,
 ):
     """Decode: online softmax over KV tiles [tile_lo, tile_hi); returns (acc, max, sum).
 
     Transposed against prefill: keys along the dots' M dimension and the group's query heads
     along N, scores [N, COLS], accumulator [HEAD_PAD, COLS]. A group of 4 then pads the MMA's
     8 columns, not its 16 rows: half the tensor-core work and half the accumulator registers,
-    which is what lets one warp own a whole program (NOTES.md, session 7).
+    which is what lets one warp own a whole program (NOTES.md, session 7). USE_FP16_PV (INT8,
+    wide groups): the P x V dot of `_fp16_pv_step`.
     """
     running_max = tl.full([COLS], float("-inf"), tl.float32)
     running_sum = tl.zeros([COLS], tl.float32)
     acc = tl.zeros([HEAD_PAD, COLS], tl.float32)
+    v_reference = 0.0  # USE_FP16_PV: the V scale P is weighted against (none yet)
     head_k = kv_head.to(tl.int64) * stride_k_h
     head_v = kv_head.to(tl.int64) * stride_v_h
     head_s = kv_head.to(tl.int64) * stride_s_h
@@ -433,22 +467,106 @@ def _decode_tiles(
             scores = _softcap(scores, softcap)
         scores = tl.where(key_valid[:, None], scores, float("-inf"))
 
-        p, correction, running_max, running_sum = _softmax_step(scores, running_max, running_sum, 0)
-        if QUANTIZED:
-            v_weight, tile_v_max = _v_weights(v_scale, finite_v)
-            p_hi, p_lo = _split_to_int8(p * v_weight[:, None])
-            pv = tl.dot(v, p_lo, tl.dot(v, p_hi) * 254, out_dtype=tl.int32)  # exact in int32
-            acc = acc * correction[None, :] + pv.to(tl.float32) * (tile_v_max / (127.0 * 254.0))
+        if USE_FP16_PV:
+            acc, running_max, running_sum, v_reference = _fp16_pv_step(
+                scores, v, v_scale, finite_v, acc, running_max, running_sum, v_reference,
+                DOT_IN_FP32,
+            )  # fmt: skip
         else:
-            v = tl.where(key_valid[None, :], v, 0.0)  # stale slots may hold NaN/inf
-            p = p.to(v.dtype)
-            if DOT_IN_FP32:
-                # Rounded to the cache dtype first, as on the GPU path, then multiplied exactly.
-                pv = tl.dot(v.to(tl.float32), p.to(tl.float32), input_precision="ieee")
-                acc = acc * correction[None, :] + pv
+            p, correction, running_max, running_sum = _softmax_step(
+                scores, running_max, running_sum, 0
+            )
+            if QUANTIZED:
+                v_weight, tile_v_max = _v_weights(v_scale, finite_v)
+                p_hi, p_lo = _split_to_int8(p * v_weight[:, None])
+                pv = tl.dot(v, p_lo, tl.dot(v, p_hi) * 254, out_dtype=tl.int32)  # exact in int32
+                acc = acc * correction[None, :] + pv.to(tl.float32) * (tile_v_max / (127.0 * 254.0))
             else:
-                acc = acc * correction[None, :] + tl.dot(v, p)
+                v = tl.where(key_valid[None, :], v, 0.0)  # stale slots may hold NaN/inf
+                p = p.to(v.dtype)
+                if DOT_IN_FP32:
+                    # Rounded to the cache dtype first, as on the GPU path, then multiplied exactly.
+                    pv = tl.dot(v.to(tl.float32), p.to(tl.float32), input_precision="ieee")
+                    acc = acc * correction[None, :] + pv
+                else:
+                    acc = acc * correction[None, :] + tl.dot(v, p)
+    if USE_FP16_PV:
+        acc = acc * (v_reference / 127.0)
     return acc, running_max, running_sum
+
+
+@triton.jit
+def _fp16_pv_step(
+    scores,  # [N, COLS] log2 units, -inf for keys that are not valid
+    v,  # [HEAD_PAD, N] int8 codes
+    v_scale,  # [N] 0 for keys that are not valid
+    finite_v,  # [N]
+    acc,  # [HEAD_PAD, COLS] in units of v_reference / 127
+    running_max,
+    running_sum,
+    v_reference,
+    DOT_IN_FP32: tl.constexpr,
+):
+    """One tile of the online softmax and P x V of an INT8 decode, the dot in fp16 (USE_FP16_PV).
+
+    The V codes are widened to fp16 in registers (exact); P, each key's entries times its V
+    scale over v_reference, x127, is rounded to fp16 (11 bits; the 16-bit decode rounds P to
+    bf16's 8). The running max and v_reference move only when this tile passes them (by
+    _FP16_PV_HEADROOM for the max): then acc and the sum are rescaled, as the online softmax
+    does every tile. Returns (acc, max, sum, v_reference).
+    """
+    v_scale = tl.where(finite_v, v_scale, 0.0)
+    tile_v_max = tl.max(v_scale, axis=0)
+    exponents = scores - running_max[None, :]
+    if (tl.max(tl.max(exponents, axis=1), axis=0) > _FP16_PV_HEADROOM) | (tile_v_max > v_reference):
+        new_max = tl.maximum(running_max, tl.max(scores, axis=0))
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        correction = tl.exp2(running_max - safe_max)
+        new_reference = tl.maximum(tl.maximum(v_reference, tile_v_max), 1e-6)
+        acc = acc * (correction * (v_reference / new_reference))[None, :]
+        running_sum = running_sum * correction
+        running_max = new_max
+        v_reference = new_reference
+        exponents = scores - safe_max[None, :]
+    p = tl.exp2(exponents)
+    p_weighted = (p * (v_scale * (127.0 / v_reference))[:, None]).to(tl.float16)
+    acc += _fp16_dot(_widen_codes(v, DOT_IN_FP32), p_weighted, DOT_IN_FP32)
+    return acc, running_max, running_sum + tl.sum(p, axis=0), v_reference
+
+
+@triton.jit
+def _widen_codes(codes, DOT_IN_FP32: tl.constexpr):
+    """int8 codes as fp16, exactly. PTX, 5 instructions per 4 codes: each code, its sign bit
+    flipped (code + 128), becomes the low mantissa byte of 1024.0, and 1152 is subtracted.
+    Triton's own int8 -> fp16 conversion takes 3.5-4 per code on sm_90 (sign extension, I2F,
+    repacking). The interpreter runs no PTX: it converts."""
+    if DOT_IN_FP32:
+        return codes.to(tl.float16)
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 biased, magic;
+        xor.b32 biased, $2, 0x80808080;
+        prmt.b32 $0, biased, 0x64646464, 0x4140;
+        prmt.b32 $1, biased, 0x64646464, 0x4342;
+        mov.b32 magic, 0x64806480;
+        sub.f16x2 $0, $0, magic;
+        sub.f16x2 $1, $1, magic;
+        }""",
+        "=r,=r,r",
+        [codes],
+        dtype=tl.float16,
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def _fp16_dot(a, b, DOT_IN_FP32: tl.constexpr):
+    """fp16 tiles multiplied with fp32 sums; under the interpreter widened to fp32 first (the
+    products of fp16 values are exact in fp32, as on the tensor cores)."""
+    if DOT_IN_FP32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)
 
 
 @triton.jit
@@ -565,6 +683,7 @@ def _decode_kernel(
     DOT_IN_FP32: tl.constexpr,
     V_PAGEWISE: tl.constexpr,
     ONE_SPLIT: tl.constexpr,  # num_splits == 1: write the result, no partials
+    USE_FP16_PV: tl.constexpr,  # INT8, wide groups: the P x V dot in fp16 (`_fp16_pv_step`)
 ):
     """One (sequence, kv head, block of GROUP_PAD of its query heads, split) against its keys.
 
@@ -622,6 +741,7 @@ def _decode_kernel(
         QUANTIZED,
         DOT_IN_FP32,
         V_PAGEWISE,
+        USE_FP16_PV,
     )
 
     # ---- Epilogue: the result itself, or this split's partial result ----
@@ -1018,14 +1138,30 @@ def _decode_shape(
     return min(max(tile_n, _PAGE_RUN.value * num_warps), _DECODE_TILE_N_MAX), num_warps
 
 
-def _decode_columns(gqa: int, target: str, quantized: bool) -> int:
+def _decode_columns(gqa: int, target: str, quantized: bool, fp16_pv: bool) -> int:
     """Decode query heads per program, the dots' N: the group padded to a power of two, at least
     the narrowest integer MMA (n8 on CUDA; gfx90a's MFMA takes 16, narrower falls back to FMA),
-    for INT8 at most _DECODE_COLUMNS_MAX[target]; a wider group is split over programs
-    (`head_blocks`)."""
+    at most _FP16_PV_COLUMNS_MAX for the fp16 P x V decode, else for INT8 at most
+    _DECODE_COLUMNS_MAX[target]; a wider group is split over programs (`head_blocks`)."""
     columns = max(next_power_of_2(gqa), 16 if target == "hip" else 8)
-    cap = _DECODE_COLUMNS_MAX.get(target) if quantized else None
+    if fp16_pv:
+        cap: int | None = _FP16_PV_COLUMNS_MAX
+    else:
+        cap = _DECODE_COLUMNS_MAX.get(target) if quantized else None
     return columns if cap is None else min(columns, cap)
+
+
+def _fp16_pv_default(gqa: int, quantized: bool, target: str) -> bool:
+    """Whether an INT8 decode of this group takes the fp16 P x V dot (_FP16_PV_MIN_COLUMNS)."""
+    least = _FP16_PV_MIN_COLUMNS.get(target)
+    return quantized and least is not None and next_power_of_2(gqa) >= least
+
+
+def _fp16_pv_shape(head_pad: int, columns: int, v_pagewise: bool) -> tuple[int, int]:
+    """(KV tile, warps) of the fp16 P x V decode; see _FP16_PV_ACC_ELEMENTS."""
+    num_warps = max(2, head_pad * columns // (32 * _FP16_PV_ACC_ELEMENTS))
+    halve = head_pad > 128 or (not v_pagewise and head_pad * columns > _FP16_PV_V_LOAD_COLUMNS)
+    return _DECODE_TILE_N_MAX // (2 if halve else 1), num_warps
 
 
 def _head_blocks(gqa: int, columns: int) -> int:
@@ -1092,18 +1228,38 @@ def decode_spec(
     target: str,
     out_dtype: torch.dtype | None = None,
     one_split: bool = False,
+    fp16_pv: bool | None = None,
 ) -> KernelSpec:
     """The decode kernel the launcher compiles; ``target`` also takes "interpreter", out_dtype
     (fp32 for tests) defaults to the model's. ``one_split``: the variant for one split, which
-    writes the result itself (no reducer).
+    writes the result itself (no reducer). ``fp16_pv``: the INT8 decode with the P x V dot in
+    fp16 (USE_FP16_PV), or the integer one; None: the launch's choice (_FP16_PV_MIN_COLUMNS).
 
     Cached: launches call it every time. Tuning sweeps that change the module's constants call
     ``clear_spec_caches()``."""
+    quantized = cache_dtype == torch.int8
+    if fp16_pv is None:
+        fp16_pv = _fp16_pv_default(gqa, quantized, target)
+    elif fp16_pv and not (quantized and target in _FP16_PV_MIN_COLUMNS):
+        raise InvalidInputError(
+            f"`fp16_pv` is True for a {cache_dtype} cache on {target}; the fp16 P x V decode "
+            f"takes an INT8 cache on {' or '.join(_FP16_PV_MIN_COLUMNS)}"
+        )
     constexprs = _shared_constexprs(head_size, block_size, cache_dtype, target)
-    constexprs["GROUP_PAD"] = _decode_columns(gqa, target, cache_dtype == torch.int8)
-    tile_n, num_warps = _decode_shape(constexprs, cache_dtype, target)
+    constexprs["GROUP_PAD"] = _decode_columns(gqa, target, quantized, fp16_pv)
+    if fp16_pv:
+        tile_n, num_warps = _fp16_pv_shape(
+            int(constexprs["HEAD_PAD"]),
+            int(constexprs["GROUP_PAD"]),
+            bool(constexprs["V_PAGEWISE"]),
+        )
+        # Its fp16 dots, like the 16-bit ones, go to the interpreter in fp32 (exact there).
+        constexprs["DOT_IN_FP32"] = target == "interpreter"
+    else:
+        tile_n, num_warps = _decode_shape(constexprs, cache_dtype, target)
     constexprs["TILE_N"] = tile_n
     constexprs["ONE_SPLIT"] = one_split
+    constexprs["USE_FP16_PV"] = fp16_pv
     types = _attention_types(
         _RUNTIME_PARAMS["decode_attention"], model_dtype, cache_dtype, out_dtype or model_dtype
     )
@@ -1346,6 +1502,7 @@ class DecodePlan:
     out_dtype: torch.dtype
     device: torch.device
     sliding_window: int | None
+    fp16_pv: bool  # the INT8 decode's P x V dot in fp16 (`decode_spec`)
     num_splits: int
     tiles_per_split: int
     scratch_elements: int
@@ -1481,6 +1638,7 @@ class DecodePlan:
             "model_dtype": self.model_dtype,
             "cache_dtype": self.cache_dtype,
             "target": runtime_target(self.device),
+            "fp16_pv": self.fp16_pv,
         }
 
     def _check_inputs(
@@ -1563,6 +1721,7 @@ def plan_decode(
     out_dtype: torch.dtype | None = None,
     sliding_window: int | None = None,
     num_splits: int | None = None,
+    fp16_pv: bool | None = None,
 ) -> DecodePlan:
     """The `DecodePlan` of a decode of ``num_seqs`` sequences of at most ``max_seq_len`` keys.
 
@@ -1574,6 +1733,8 @@ def plan_decode(
         out_dtype: the output's dtype, ``model_dtype`` if None (float32 for tests).
         sliding_window: the window the plan's launches apply, as in `decode_attention`.
         num_splits: force a split-KV count (rounded so that no split is empty).
+        fp16_pv: force the INT8 decode's P x V dot in fp16 (True, CUDA only) or on integer
+            MMAs (False); None: the launch's choice for the group (`decode_spec`).
     """
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -1583,8 +1744,9 @@ def plan_decode(
         cache_dtype, out_dtype, sliding_window, num_splits,
     )  # fmt: skip
     tile_n = _decode_tile(
-        head_size, block_size, num_q_heads // num_kv_heads, model_dtype, cache_dtype, device
-    )
+        head_size, block_size, num_q_heads // num_kv_heads, model_dtype, cache_dtype, device,
+        fp16_pv,
+    )  # fmt: skip
     return _plan(
         num_seqs,
         -(-max_seq_len // tile_n) * tile_n,
@@ -1598,6 +1760,7 @@ def plan_decode(
         out_dtype or model_dtype,
         sliding_window,
         num_splits,
+        fp16_pv,
     )
 
 
@@ -1609,6 +1772,7 @@ def _decode_tile(
     model_dtype: torch.dtype,
     cache_dtype: torch.dtype,
     device: torch.device,
+    fp16_pv: bool | None,
 ) -> int:
     """The decode's KV tile (TILE_N) on ``device``: plans round their context up to it."""
     spec = decode_spec(
@@ -1618,6 +1782,7 @@ def _decode_tile(
         model_dtype=model_dtype,
         cache_dtype=cache_dtype,
         target=runtime_target(device),
+        fp16_pv=fp16_pv,
     )
     return int(spec.constexprs["TILE_N"])
 
@@ -1636,6 +1801,7 @@ def _plan(
     out_dtype: torch.dtype,
     sliding_window: int | None,
     num_splits: int | None,
+    fp16_pv: bool | None,
 ) -> DecodePlan:
     gqa = num_q_heads // num_kv_heads
     geometry = {
@@ -1646,8 +1812,9 @@ def _plan(
         "cache_dtype": cache_dtype,
         "target": runtime_target(device),
     }
-    decode = decode_spec(**geometry, out_dtype=out_dtype)
-    one_split = decode_spec(**geometry, out_dtype=out_dtype, one_split=True)
+    decode = decode_spec(**geometry, out_dtype=out_dtype, fp16_pv=fp16_pv)
+    fp16_pv = bool(decode.constexprs["USE_FP16_PV"])
+    one_split = decode_spec(**geometry, out_dtype=out_dtype, one_split=True, fp16_pv=fp16_pv)
     tile_n = int(decode.constexprs["TILE_N"])
     span = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window + tile_n)
     num_tiles = max(triton.cdiv(span, tile_n), 1)
@@ -1681,6 +1848,7 @@ def _plan(
         out_dtype=out_dtype,
         device=device,
         sliding_window=sliding_window,
+        fp16_pv=fp16_pv,
         num_splits=num_splits,
         tiles_per_split=tiles_per_split,
         scratch_elements=stats * head_size + 2 * stats_padded,
