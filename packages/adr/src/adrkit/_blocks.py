@@ -103,6 +103,22 @@ _LABELS: dict[str, dict[str, str]] = {
         "ci95": "95% CI",
         "flips": "Items flipped (+ / -)",
         "mcnemar_p": "McNemar p",
+        "detectable_delta": "Smallest detectable delta (80% power)",
+        "inconclusive": "inconclusive",
+        "arm": "Row",
+        "attention": "Attention path",
+        "positions": "Positions",
+        "mean_kld": "Mean KLD ± s.e.",
+        "median_kld": "Median KLD",
+        "p99_kld": "99% KLD",
+        "p999_kld": "99.9% KLD",
+        "max_kld": "Max KLD",
+        "same_top1": "Same top-1 ± s.e.",
+        "ppl_ratio": "PPL ratio ± s.e.",
+        "rms_dp": "RMS Δp ± s.e.",
+        "expected": "Must be",
+        "exactly-0": "exactly 0",
+        "not-0": "not 0",
         "op": "Kernel",
         "cache_dtype": "Cache dtype",
         "batch": "Batch",
@@ -208,6 +224,22 @@ _LABELS: dict[str, dict[str, str]] = {
         "ci95": "95% 置信区间",
         "flips": "翻转题数（+ / -）",
         "mcnemar_p": "McNemar p 值",
+        "detectable_delta": "可检出的最小差值（80% 功效）",
+        "inconclusive": "无定论",
+        "arm": "行",
+        "attention": "注意力路径",
+        "positions": "位置数",
+        "mean_kld": "平均 KLD ± 标准误",
+        "median_kld": "KLD 中位数",
+        "p99_kld": "KLD 99% 分位",
+        "p999_kld": "KLD 99.9% 分位",
+        "max_kld": "KLD 最大值",
+        "same_top1": "top-1 不变比例 ± 标准误",
+        "ppl_ratio": "困惑度比 ± 标准误",
+        "rms_dp": "Δp 均方根 ± 标准误",
+        "expected": "应为",
+        "exactly-0": "恰为 0",
+        "not-0": "不为 0",
         "op": "内核",
         "cache_dtype": "缓存数据类型",
         "batch": "批大小",
@@ -240,7 +272,9 @@ def label(lang: str, key: str, **fields: str) -> str:
 
 
 # Cell values that are words of the record schema, shown in the ADR's language.
-_TRANSLATED_CELLS = frozenset({"passed", "failed", "skipped"})
+_TRANSLATED_CELLS = frozenset(
+    {"passed", "failed", "skipped", "inconclusive", "exactly-0", "not-0"}
+)
 
 
 def _cell(lang: str, value: Scalar) -> str:
@@ -422,6 +456,9 @@ BLOCKS: dict[str, Renderer] = {
     ),
     "kvbench-accuracy": render_record_table(
         "accuracy", "deltas", "no-rows", figures=("accuracy_deltas.png",)
+    ),
+    "kvbench-divergence": render_record_table(
+        "accuracy", "divergence", "no-rows", figures=("divergence_kld.png",)
     ),
     "kvbench-kernel-throughput": render_record_table(
         "throughput",

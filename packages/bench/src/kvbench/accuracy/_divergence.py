@@ -43,6 +43,12 @@ if TYPE_CHECKING:
     from ._kv_attention import KVSession
 
 PLOT_NAME = "divergence_kld.png"
+
+
+def plot_name(run_index: int) -> str:
+    """The KLD plot of the config's divergence run ``run_index`` (0: the first)."""
+    return PLOT_NAME if run_index == 0 else PLOT_NAME.replace(".png", f"-{run_index + 1}.png")
+
 # The degraded control's cache (`_kv_attention`'s emulated 4-bit per-(token, kv-head) cache).
 DEGRADED_CACHE = "int4"
 # Positions scored at once: bounds the float64 log-softmax work arrays to 64 x vocab.
@@ -269,10 +275,11 @@ def run_divergence(
     tokenizer: PreTrainedTokenizerBase,
     baseline: str,
     candidate: str,
-    out_dir: Path,
+    plot_path: Path,
     progress: bool,
 ) -> dict[str, Any]:
-    """Score ``spec``'s chunks through ``paths``; rows per path and arm, agreement, plot.
+    """Score ``spec``'s chunks through ``paths``; rows per path and arm, agreement, the plot at
+    ``plot_path``.
 
     The candidate scores every chunk; the controls the first ``spec.control_tokens`` tokens.
     """
@@ -347,7 +354,7 @@ def run_divergence(
             for row in rows
         },
         gate.max_mean_kld,
-        out_dir / PLOT_NAME,
+        plot_path,
     )
     return {
         "corpus": spec.corpus,

@@ -110,6 +110,14 @@ class KVQuantHFLM(TemplateLM):  # type: ignore[misc]  # TemplateLM is untyped
             raise AccuracyError("tokenizer has no single `eos_token_id`; expected one token id")
         return eos
 
+    @property
+    def prefix_token_id(self) -> int:
+        """The token a rolling window's first token is scored after: BOS where the tokenizer
+        has one, as lm-eval's HF and vllm models do, else the end-of-text token (lm-eval's
+        default). Another prefix would shift the baseline's perplexity itself."""
+        bos = self.tokenizer.bos_token_id
+        return bos if isinstance(bos, int) else self.eot_token_id
+
     def tok_encode(
         self, string: str, add_special_tokens: bool | None = None, **kwargs: Any
     ) -> list[int]:

@@ -293,10 +293,10 @@ def run_accuracy(
     out_dir.mkdir(parents=True, exist_ok=True)
     divergence = []
     if cfg.divergence:
-        from ._divergence import run_divergence
+        from ._divergence import plot_name, run_divergence
 
         assert loaded is not None and cfg.divergence_gate is not None  # kvquant-hf, load_config
-        for spec, spec_paths in zip(cfg.divergence, paths, strict=True):
+        for index, (spec, spec_paths) in enumerate(zip(cfg.divergence, paths, strict=True)):
             divergence.append(
                 run_divergence(
                     spec,
@@ -306,7 +306,7 @@ def run_accuracy(
                     tokenizer=loaded[1],
                     baseline=cfg.baseline,
                     candidate=cfg.candidate,
-                    out_dir=out_dir,
+                    plot_path=out_dir / plot_name(index),
                     progress=progress,
                 )
             )
