@@ -169,7 +169,10 @@ def _divergence_metrics(divergence: list[dict[str, Any]]) -> dict[str, Scalar]:
             "degraded_gate": first["degraded"]["verdict"],
         }
     if "trap" in first:
-        metrics |= {"trap_max_kld": first["trap"]["max_kld"], "trap_verdict": first["trap"]["verdict"]}
+        metrics |= {
+            "trap_max_kld": first["trap"]["max_kld"],
+            "trap_verdict": first["trap"]["verdict"],
+        }
     if run["agreement"] is not None:
         metrics["divergence_paths_agree"] = run["agreement"]["agree"]
     return metrics

@@ -103,7 +103,14 @@ def test_nightly_deployment_runs_every_stage_and_writes_adrs(
     ]
     accuracy = records["accuracy"]
     assert accuracy.metrics["rows"] == 1  # kvb_arc_easy acc, single-pass
-    assert [g.name for g in accuracy.gates] == ["kvb_arc_easy acc (single-pass) |delta|"]
+    assert [g.name for g in accuracy.gates] == [
+        "kvb_arc_easy acc (single-pass) |delta|",
+        "divergence int8 (reference) mean KLD",
+        "divergence int8 (reference) same top-1",
+        "divergence int8 (reference) PPL ratio",
+        "divergence_controls_failed",
+    ]
+    assert accuracy.metrics["divergence_controls_failed"] == 0
     # This machine has no vLLM: the throughput stage says so instead of failing.
     assert records["throughput"].status == "skipped"
     assert "vLLM is not installed" in str(records["throughput"].reason)
@@ -124,6 +131,10 @@ def test_nightly_deployment_runs_every_stage_and_writes_adrs(
     assert str(flow_run["id"]) in accuracy_block
     assert "(assets/accuracy-accuracy_deltas.png)" in accuracy_block
     assert (Path(str(params["adr_dir"])) / "assets" / "accuracy-accuracy_deltas.png").is_file()
+    divergence_block = kernels_adr.split("<!-- generated:kvbench-divergence begin -->")[1]
+    divergence_block = divergence_block.split("<!-- generated:kvbench-divergence end -->")[0]
+    assert "| candidate | int8 | reference | 126 |" in divergence_block
+    assert "(assets/accuracy-divergence_kld.png)" in divergence_block
     status_adr = _adr(params, "0001-record-architecture-decisions.md")
     assert f"流程运行 `{flow_run['id']}`" in status_adr
 

