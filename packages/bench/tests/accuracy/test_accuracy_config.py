@@ -28,7 +28,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 def test_shipped_configs_pick_their_backends() -> None:
     default = load_config(DEFAULT_CONFIG)
     assert default.backend == "kvquant-hf"
-    assert {run.mode for run in default.runs} == {"single-pass", "generate"}
+    assert {run.mode for run in default.runs} == {"single-pass"}
     vllm = load_config(CONFIGS / "accuracy-vllm.toml")
     assert vllm.backend == "vllm"
     assert {run.mode for run in vllm.runs} == {"single-pass", "generate"}

@@ -7,8 +7,14 @@ from statistics import NormalDist
 
 import pytest
 
-from kvbench.accuracy import AccuracyError, gate_passes, mcnemar_exact, paired_stats
-from kvbench.accuracy._stats import flip_rate_upper_bound, verdict
+from kvbench.accuracy import (
+    AccuracyError,
+    flip_rate_upper_bound,
+    gate_passes,
+    mcnemar_exact,
+    paired_stats,
+    verdict,
+)
 
 
 def test_binary_scores_give_delta_stderr_flips_and_mcnemar() -> None:

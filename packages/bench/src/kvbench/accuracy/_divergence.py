@@ -350,9 +350,10 @@ def run_divergence(
     if len(paths) == 2:
         candidate_scores = {path: scores[(path, "candidate")] for path in paths}
         agreement = _agreement(candidate_scores, cross, gate)
+    labels = {"candidate": candidate, "degraded": "4-bit control", "trap": "prefill trap"}
     plot = plot_kld(
         {
-            f"{row['arm']} ({row['kv_cache_dtype']}, {row['attention']})": torch.cat(
+            f"{labels[row['arm']]} ({row['attention']})": torch.cat(
                 [s.kld for s in scores[(row["attention"], row["arm"])]]
             )
             for row in rows
@@ -415,7 +416,7 @@ def plot_kld(kld_by_row: dict[str, torch.Tensor], max_mean_kld: float, path: Pat
     axes.set_yscale("log")
     axes.set_xlabel("KL divergence from the 16-bit cache at each position, nats (dotted: means)")
     axes.set_ylabel("positions")
-    axes.legend(loc="upper left", fontsize="small")
+    axes.legend(loc="upper right", fontsize="small")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)

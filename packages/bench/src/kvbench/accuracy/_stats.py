@@ -20,7 +20,6 @@ _Z_95 = NormalDist().inv_cdf(0.975)
 _DETECTABLE_Z = _Z_95 + NormalDist().inv_cdf(0.80)
 # Confidence of the upper bound on a row's rate of flipped items (see `detectable_delta`).
 _FLIP_RATE_CONFIDENCE = 0.95
-VERDICTS = ("passed", "inconclusive", "failed")
 
 
 @dataclass(frozen=True)
