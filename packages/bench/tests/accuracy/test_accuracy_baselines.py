@@ -25,6 +25,8 @@ SHIPPED_TASKS = sorted(path.stem for path in TASKS_DIR.glob("kvb_*.yaml"))
 # Items per task: a few, and fewer where one item is long (gsm8k's 5-shot prompt and answer).
 _LIMITS = {"kvb_gsm8k": 1, "kvb_lambada_ppl": 2}
 _ITEMS = 3
+# gsm8k answers run up to 128 tokens; 40 tokens of it take the same path at a third of the time.
+_GEN_KWARGS = {"kvb_gsm8k": "max_gen_toks=40"}
 _TOLERANCE = 1e-4
 
 
@@ -44,6 +46,7 @@ def _samples(lm: Any, task: str) -> list[dict[str, Any]]:
         model=lm,
         tasks=[task],
         limit=_LIMITS.get(task, _ITEMS),
+        gen_kwargs=_GEN_KWARGS.get(task),
         task_manager=TaskManager(include_path=str(TASKS_DIR), include_defaults=False),
         log_samples=True,
         bootstrap_iters=0,
@@ -59,7 +62,10 @@ def _responses(sample: dict[str, Any]) -> list[Any]:
 
 
 def test_every_shipped_task_is_covered() -> None:
-    assert len(SHIPPED_TASKS) == 10 and "kvb_gsm8k" in SHIPPED_TASKS
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
+    assert sorted(manager.all_tasks) == SHIPPED_TASKS
 
 
 @pytest.mark.parametrize("task", SHIPPED_TASKS)

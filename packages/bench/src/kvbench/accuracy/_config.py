@@ -23,6 +23,8 @@ DIVERGENCE_MODE = "divergence"
 RUN_MODES = (*TASK_MODES, DIVERGENCE_MODE)
 # auto: the model dtype; int8: kvquant per-(token, kv-head); fp8_e4m3: emulated vLLM fp8.
 KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
+# The divergence runs' degraded control: an emulated 4-bit per-(token, kv-head) cache.
+DEGRADED_KV_CACHE_DTYPE = "int4"
 # How the attention reads a paged cache: kvquant's Triton kernels (a GPU) or its torch reference.
 ATTENTION_PATHS = ("kernels", "reference")
 # Offline running text for the divergence runs (kvbench.accuracy._corpus).

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._config import DivergenceGate, DivergenceSpec
+from ._config import DEGRADED_KV_CACHE_DTYPE, DivergenceGate, DivergenceSpec
 from ._corpus import corpus_chunks
 from ._hf_model import forward, model_session
 
@@ -50,8 +50,6 @@ def plot_name(run_index: int) -> str:
     return PLOT_NAME if run_index == 0 else PLOT_NAME.replace(".png", f"-{run_index + 1}.png")
 
 
-# The degraded control's cache (`_kv_attention`'s emulated 4-bit per-(token, kv-head) cache).
-DEGRADED_CACHE = "int4"
 # Positions scored at once: bounds the float64 log-softmax work arrays to 64 x vocab.
 _ROWS_PER_BLOCK = 64
 # What each row must show for the run to be trusted.
@@ -200,7 +198,7 @@ def _arms(baseline: str, candidate: str) -> tuple[_Arm, ...]:
     skips = (baseline, False)
     return (
         _Arm("candidate", candidate, True, reads, control=False, expected=EXPECT_PASS),
-        _Arm("degraded", DEGRADED_CACHE, True, reads, control=True, expected=EXPECT_FAIL),
+        _Arm("degraded", DEGRADED_KV_CACHE_DTYPE, True, reads, control=True, expected=EXPECT_FAIL),
         _Arm("trap", candidate, False, skips, control=True, expected=EXPECT_ZERO),
     )
 

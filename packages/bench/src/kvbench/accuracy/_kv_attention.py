@@ -27,7 +27,7 @@ from typing import Protocol
 
 import torch
 
-from ._config import KV_CACHE_DTYPES
+from ._config import DEGRADED_KV_CACHE_DTYPE, KV_CACHE_DTYPES
 from ._errors import AccuracyError, UnsupportedModelError
 
 ATTN_IMPLEMENTATION = "kvquant"
@@ -223,7 +223,7 @@ def cache_storage(kv_cache_dtype: str, model_dtype: torch.dtype) -> tuple[str, t
     names. "int4" is the emulated control, its codes held in int8."""
     if kv_cache_dtype == "int8":
         return "paged", torch.int8
-    if kv_cache_dtype == "int4":
+    if kv_cache_dtype == DEGRADED_KV_CACHE_DTYPE:
         return "int4", torch.int8
     if kv_cache_dtype == "fp8_e4m3":
         return "dense", torch.float8_e4m3fn
@@ -231,7 +231,8 @@ def cache_storage(kv_cache_dtype: str, model_dtype: torch.dtype) -> tuple[str, t
         if model_dtype in (torch.float16, torch.bfloat16):
             return "paged", model_dtype
         return "dense", model_dtype
-    msg = f"`kv_cache_dtype` is {kv_cache_dtype!r}; expected one of {', '.join(KV_CACHE_DTYPES)}"
+    known = ", ".join((*KV_CACHE_DTYPES, DEGRADED_KV_CACHE_DTYPE))
+    msg = f"`kv_cache_dtype` is {kv_cache_dtype!r}; expected one of {known}"
     raise AccuracyError(msg)
 
 
