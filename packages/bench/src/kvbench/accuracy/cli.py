@@ -82,7 +82,7 @@ def _columns(lines: Sequence[tuple[str, ...]]) -> list[str]:
 
 
 def _error_of(value: float, stderr: float) -> str:
-    return f"{value:.6f} ± {stderr:.6f}"
+    return f"{value:.6g} ± {stderr:.2g}"
 
 
 def format_divergence(divergence: dict[str, Any], chunks: bool = False) -> str:
@@ -121,10 +121,10 @@ def format_divergence(divergence: dict[str, Any], chunks: bool = False) -> str:
                 "reads cache" if row["prefill_reads_cache"] else "skips cache",
                 str(row["tokens"]),
                 _error_of(row["mean_kld"], row["mean_kld_stderr"]),
-                f"{row['median_kld']:.6f}",
-                f"{row['p99_kld']:.6f}",
-                f"{row['p999_kld']:.6f}",
-                f"{row['max_kld']:.6f}",
+                f"{row['median_kld']:.4g}",
+                f"{row['p99_kld']:.4g}",
+                f"{row['p999_kld']:.4g}",
+                f"{row['max_kld']:.4g}",
                 _error_of(row["same_top1"], row["same_top1_stderr"]),
                 _error_of(row["ppl_ratio"], row["ppl_ratio_stderr"]),
                 _error_of(row["rms_dp"], row["rms_dp_stderr"]),
@@ -146,7 +146,7 @@ def format_divergence(divergence: dict[str, Any], chunks: bool = False) -> str:
                     (
                         str(index + 1),
                         _error_of(chunk["mean_kld"], chunk["mean_kld_stderr"]),
-                        f"{chunk['max_kld']:.6f}",
+                        f"{chunk['max_kld']:.4g}",
                         _error_of(chunk["same_top1"], chunk["same_top1_stderr"]),
                         _error_of(chunk["ppl_ratio"], chunk["ppl_ratio_stderr"]),
                         _error_of(chunk["rms_dp"], chunk["rms_dp_stderr"]),
@@ -159,11 +159,11 @@ def format_divergence(divergence: dict[str, Any], chunks: bool = False) -> str:
         base_kld = _error_of(base["mean_kld"], base["mean_kld_stderr"])
         text.append(
             f"kernels vs reference: 16-bit mean KLD {base_kld}"
-            f" (max {base['max_kld']:.6f}, same top-1 {base['same_top1']:.4f}); "
-            f"{divergence['candidate']} mean KLD {agreement['candidate_mean_kld_kernels']:.6f} "
-            f"(kernels) vs {agreement['candidate_mean_kld_reference']:.6f} (reference), "
+            f" (max {base['max_kld']:.4g}, same top-1 {base['same_top1']:.4f}); "
+            f"{divergence['candidate']} mean KLD {agreement['candidate_mean_kld_kernels']:.6g} "
+            f"(kernels) vs {agreement['candidate_mean_kld_reference']:.6g} (reference), "
             f"difference {_error_of(agreement['difference'], agreement['difference_stderr'])}, "
-            f"allowed {agreement['allowed']:.6f}: {'agree' if agreement['agree'] else 'DISAGREE'}"
+            f"allowed {agreement['allowed']:.4g}: {'agree' if agreement['agree'] else 'DISAGREE'}"
         )
     gate = divergence["gate"]
     plot = divergence["plot"] or "not drawn (no matplotlib)"
