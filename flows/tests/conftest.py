@@ -233,8 +233,9 @@ def tiny_kernel_matrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-# The accuracy stage on two ARC-Easy items, one pass each way: the stage's plumbing, not a
-# finding (kvbench's own tests and nightly measure accuracy).
+# The accuracy stage on two ARC-Easy items, one pass each way, and the divergence with its two
+# controls on two chunks of 64 tokens: the stage's plumbing, not a finding (kvbench's own tests
+# and nightly measure accuracy).
 TINY_ACCURACY_CONFIG = """\
 [model]
 path = ""
@@ -249,11 +250,22 @@ prefill_reads_cache = true
 
 [gate]
 tolerance = 0.02
+max_mean_kld = 0.005
+min_same_top1 = 0.95
+max_ppl_ratio = 1.01
+path_agreement = 0.1
 
 [[runs]]
 mode = "single-pass"
 tasks = ["kvb_arc_easy"]
 limit = 2
+
+[[runs]]
+mode = "divergence"
+corpus = "coqa-stories"
+tokens = 128
+chunk_length = 64
+control_tokens = 64
 """
 
 

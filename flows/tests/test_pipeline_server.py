@@ -103,7 +103,14 @@ def test_nightly_deployment_runs_every_stage_and_writes_adrs(
     ]
     accuracy = records["accuracy"]
     assert accuracy.metrics["rows"] == 1  # kvb_arc_easy acc, single-pass
-    assert [g.name for g in accuracy.gates] == ["kvb_arc_easy acc (single-pass) |delta|"]
+    assert [g.name for g in accuracy.gates] == [
+        "kvb_arc_easy acc (single-pass) |delta|",
+        "divergence int8 (reference) mean KLD",
+        "divergence int8 (reference) same top-1",
+        "divergence int8 (reference) PPL ratio",
+        "divergence_controls_failed",
+    ]
+    assert accuracy.metrics["divergence_controls_failed"] == 0
     # This machine has no vLLM: the throughput stage says so instead of failing.
     assert records["throughput"].status == "skipped"
     assert "vLLM is not installed" in str(records["throughput"].reason)
@@ -124,6 +131,10 @@ def test_nightly_deployment_runs_every_stage_and_writes_adrs(
     assert str(flow_run["id"]) in accuracy_block
     assert "(assets/accuracy-cpu-accuracy_deltas.png)" in accuracy_block
     assert (Path(str(params["adr_dir"])) / "assets" / "accuracy-cpu-accuracy_deltas.png").is_file()
+    divergence_block = kernels_adr.split("<!-- generated:kvbench-divergence begin -->")[1]
+    divergence_block = divergence_block.split("<!-- generated:kvbench-divergence end -->")[0]
+    assert "| 被测缓存 | int8 | 读取缓存 | torch 参考实现 | 126 |" in divergence_block
+    assert "(assets/accuracy-cpu-divergence_kld.png)" in divergence_block
     # The run's records went into the ADRs' evidence store, one per stage on this CPU, but the
     # skipped throughput stage's, which measured nothing.
     store = Path(str(params["adr_dir"])) / "evidence" / "cpu"

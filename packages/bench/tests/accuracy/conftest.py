@@ -22,7 +22,7 @@ def run_cli(argv: list[str]) -> int:
 
 @pytest.fixture(scope="session")
 def smollm2() -> Any:
-    from kvbench.accuracy._lm import load_model
+    from kvbench.accuracy._hf_model import load_model
 
     return load_model(None, "cpu")
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kvbench.accuracy import BackendMissingError, ConfigError, run_accuracy
-from kvbench.accuracy._config import DEFAULT_CONFIG, load_config
+from kvbench.accuracy._config import DEFAULT_CONFIG, check_attention, load_config
 
 from conftest import run_cli
 
@@ -28,7 +28,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 def test_shipped_configs_pick_their_backends() -> None:
     default = load_config(DEFAULT_CONFIG)
     assert default.backend == "kvquant-hf"
-    assert "decode" in {run.mode for run in default.runs}
+    assert {run.mode for run in default.runs} == {"single-pass"}
     vllm = load_config(CONFIGS / "accuracy-vllm.toml")
     assert vllm.backend == "vllm"
     assert {run.mode for run in vllm.runs} == {"single-pass", "generate"}
@@ -37,6 +37,34 @@ def test_shipped_configs_pick_their_backends() -> None:
     assert (gpu.backend, gpu.device) == ("kvquant-hf", "cuda")
     assert {run.mode for run in gpu.runs} == {"single-pass", "decode", "generate"}
     assert "kvb_gsm8k" in {task for run in gpu.runs for task in run.tasks}
+
+
+def test_the_nightly_scores_16000_positions_beside_both_controls() -> None:
+    nightly = load_config(DEFAULT_CONFIG)
+    (divergence,) = nightly.divergence
+    positions = divergence.tokens // divergence.chunk_length * (divergence.chunk_length - 1)
+    assert positions >= 16_000
+    assert divergence.control_tokens >= divergence.chunk_length
+    assert check_attention(divergence, nightly.device, "model.device") == ("reference",)
+    assert nightly.divergence_gate is not None
+
+
+def test_the_milestone_runs_every_task_on_500_items_and_both_attention_paths() -> None:
+    milestone = load_config(CONFIGS / "accuracy-milestone.toml")
+    assert milestone.device == "cuda"
+    sizes = {
+        task: min(run.limit or 10**9, _TASK_ITEMS.get(task, 10**9))
+        for run in milestone.runs
+        for task in run.tasks
+    }
+    assert min(sizes.values()) >= 500, sizes
+    (divergence,) = milestone.divergence
+    assert divergence.attention == ("kernels", "reference")
+    assert divergence.tokens >= 8 * 16_384
+
+
+# Items in the local data of the tasks whose set is smaller than 1,000.
+_TASK_ITEMS = {"kvb_arc_easy": 570, "kvb_arc_challenge": 299}
 
 
 def test_backend_defaults_to_kvquant_hf(tmp_path: Path) -> None:
@@ -207,3 +235,151 @@ def test_cli_checks_its_outputs_before_loading_the_model(tmp_path: Path, capsys:
         err == f"kvbench accuracy: error: `--json` {tmp_path} is a folder; expected a file path\n"
     )
     assert not out.exists() and taken.read_text(encoding="utf-8") == "keep me\n"
+
+
+_GATE = (
+    "[gate]\nmax_mean_kld = 0.005\nmin_same_top1 = 0.95\nmax_ppl_ratio = 1.01\n"
+    "path_agreement = 0.1\n"
+)
+_PATHS = "expected a list of distinct paths from kernels, reference"
+_DIVERGENCE_RUN = (
+    '[[runs]]\nmode = "divergence"\ncorpus = "coqa-stories"\ntokens = 1024\n'
+    "chunk_length = 256\ncontrol_tokens = 256\n"
+)
+
+
+def test_a_divergence_run_and_its_gate_are_read(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, _GATE + _ARC_EASY_RUN + _DIVERGENCE_RUN))
+    assert [run.mode for run in config.runs] == ["single-pass"]
+    (spec,) = config.divergence
+    assert (spec.index, spec.corpus, spec.tokens, spec.chunk_length, spec.control_tokens) == (
+        1,
+        "coqa-stories",
+        1024,
+        256,
+        256,
+    )
+    assert spec.attention is None
+    assert config.divergence_gate is not None and config.divergence_gate.min_same_top1 == 0.95
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ("corpus", '"wikitext"'),
+            "`runs[0].corpus` is 'wikitext'; expected one of coqa-stories, lambada-passages",
+        ),
+        (("tokens", "1000"), "`runs[0].tokens` is 1000; expected a multiple of chunk_length (256)"),
+        (("tokens", "128"), "`runs[0].tokens` is 128; expected an integer >= 256"),
+        (("chunk_length", "1"), "`runs[0].chunk_length` is 1; expected an integer >= 2"),
+        (("chunk_length", "true"), "`runs[0].chunk_length` is True; expected an integer >= 2"),
+        (
+            ("chunk_length", "4096"),
+            "`runs[0].chunk_length` is 4096; expected at most `model.max_length` (2048)",
+        ),
+        (
+            ("control_tokens", "2048"),
+            "`runs[0].control_tokens` is 2048; expected at most tokens (1024)",
+        ),
+        (("control_tokens", "-256"), "`runs[0].control_tokens` is -256; expected an integer >= 0"),
+        (
+            ("attention", '"kernels"'),
+            f"`runs[0].attention` is 'kernels'; {_PATHS}",
+        ),
+        (
+            ("attention", '["reference", "reference"]'),
+            f"`runs[0].attention` is ['reference', 'reference']; {_PATHS}",
+        ),
+        (
+            ("limit", "5"),
+            "`runs[0].limit` is not a known key of a divergence run; expected one of mode, corpus, "
+            "tokens, chunk_length, control_tokens, attention",
+        ),
+    ],
+)
+def test_bad_divergence_values_are_refused(
+    tmp_path: Path, change: tuple[str, str], message: str
+) -> None:
+    key, value = change
+    lines = [line for line in _DIVERGENCE_RUN.splitlines() if not line.startswith(f"{key} =")]
+    text = _GATE + "\n".join([*lines, f"{key} = {value}"]) + "\n"
+    with pytest.raises(ConfigError) as raised:
+        load_config(_write(tmp_path, text))
+    assert str(raised.value) == message
+
+
+@pytest.mark.parametrize(
+    ("gate", "message"),
+    [
+        (
+            _GATE.replace("max_ppl_ratio = 1.01\n", ""),
+            "`gate.max_ppl_ratio` is missing; a divergence run is judged by it",
+        ),
+        (_GATE.replace("0.95", "1.5"), "`gate.min_same_top1` is 1.5; expected a share in [0, 1]"),
+        (
+            _GATE.replace("0.005", "-1"),
+            "`gate.max_mean_kld` is -1.0; expected a finite number >= 0",
+        ),
+        (
+            _GATE.replace("0.005", "inf"),
+            "`gate.max_mean_kld` is inf; expected a finite number >= 0",
+        ),
+    ],
+)
+def test_bad_divergence_gates_are_refused(tmp_path: Path, gate: str, message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(_write(tmp_path, gate + _DIVERGENCE_RUN))
+    assert str(raised.value) == message
+
+
+def test_the_vllm_backend_refuses_a_divergence_run(tmp_path: Path) -> None:
+    text = '[model]\nbackend = "vllm"\n' + _GATE + _DIVERGENCE_RUN
+    with pytest.raises(ConfigError, match="backend 'vllm' returns no logits to compare"):
+        load_config(_write(tmp_path, text))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tokens", "1000"], "`--tokens` is 1000; expected a multiple of chunk_length (256)"),
+        (
+            ["--chunk-length", "300"],
+            "`runs[0].tokens` is 1024; expected a multiple of chunk_length (300)",
+        ),
+        (
+            ["--corpus", "wiki"],
+            "`--corpus` is 'wiki'; expected one of coqa-stories, lambada-passages",
+        ),
+        (
+            ["--attention", "kernels,triton"],
+            f"`--attention` is ['kernels', 'triton']; {_PATHS}",
+        ),
+        # A CPU run cannot take the kernels: refused before the model loads.
+        (
+            ["--attention", "kernels"],
+            "`--attention` holds 'kernels' but `model.device` is 'cpu'; kvquant's kernels need a "
+            "CUDA device, expected ['reference'] on the CPU",
+        ),
+    ],
+)
+def test_kvbench_divergence_refuses_bad_options_in_one_line(
+    tmp_path: Path, capsys: Any, argv: list[str], message: str
+) -> None:
+    config = _write(tmp_path, _GATE + _DIVERGENCE_RUN)
+    out = tmp_path / "out"
+    code = run_cli(["divergence", "--config", str(config), "--out", str(out), *argv])
+    assert code == 2
+    assert capsys.readouterr().err == f"kvbench divergence: error: {message}\n"
+    assert not out.exists()
+
+
+def test_kvbench_divergence_needs_a_divergence_run(tmp_path: Path, capsys: Any) -> None:
+    config = _write(tmp_path, _ARC_EASY_RUN)
+    out = tmp_path / "out"
+    assert run_cli(["divergence", "--config", str(config), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"kvbench divergence: error: `config` {config} has no divergence run; expected a "
+        '[[runs]] table with mode = "divergence"\n'
+    )
+    assert not out.exists()

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import pytest
 
-from kvbench.accuracy import AccuracyError, gate_passes, mcnemar_exact, paired_stats
+from kvbench.accuracy import (
+    AccuracyError,
+    flip_rate_upper_bound,
+    gate_passes,
+    mcnemar_exact,
+    paired_stats,
+    verdict,
+)
 
 
 def test_binary_scores_give_delta_stderr_flips_and_mcnemar() -> None:
@@ -51,3 +59,37 @@ def test_mismatched_or_empty_inputs_are_refused() -> None:
         paired_stats([1, 0], [1])
     with pytest.raises(AccuracyError, match="empty"):
         paired_stats([], [])
+
+
+def test_flip_rate_upper_bound_is_the_exact_binomial_bound() -> None:
+    # No flips: solve (1 - r)^n = 0.05.
+    assert flip_rate_upper_bound(0, 10) == pytest.approx(1 - 0.05 ** (1 / 10))
+    # 3 of 100: the 95% quantile of beta(4, 97) (scipy.stats.beta.ppf(0.95, 4, 97)).
+    assert flip_rate_upper_bound(3, 100) == pytest.approx(0.0757108, abs=1e-6)
+    assert flip_rate_upper_bound(5, 5) == 1.0
+
+
+def test_detectable_delta_with_no_flips_uses_the_upper_bound_not_the_zero_stderr() -> None:
+    z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.8)  # 2.80
+    steady = paired_stats([1, 0] * 5, [1, 0] * 5)  # 10 items, nothing flipped, stderr 0
+    assert steady.stderr == 0
+    assert steady.detectable_delta == pytest.approx(z * math.sqrt((1 - 0.05 ** (1 / 10)) / 10))
+    assert steady.detectable_delta > 0.4  # ten items can only see a huge change
+    # One flip in 20: the bound on the rate, not the sample stderr of sqrt(0.05 * 0.95 / 20)...
+    one = paired_stats([1] * 20, [1] * 19 + [0])
+    rate = flip_rate_upper_bound(1, 20)
+    assert one.detectable_delta == pytest.approx(z * math.sqrt(rate / 20))
+    # ...and a continuous metric its sample stderr.
+    continuous = paired_stats([2.0, 3.0, 1.5], [1.5, 3.5, 2.5])
+    assert continuous.detectable_delta == pytest.approx(z * continuous.stderr)
+
+
+def test_verdict_is_inconclusive_when_the_rows_could_not_see_the_tolerance() -> None:
+    ten = paired_stats([1, 0] * 5, [1, 0] * 5)
+    assert gate_passes(ten, 0.02) and verdict(ten, 0.02) == "inconclusive"
+    # 600 items and no flip: a delta of 0.02 would have shown (detectable ~0.0097).
+    many = paired_stats([1, 0] * 300, [1, 0] * 300)
+    assert many.detectable_delta < 0.01 and verdict(many, 0.02) == "passed"
+    # A visible loss fails, however small the sample.
+    loss = paired_stats([1] * 8 + [0] * 2, [0] * 10)
+    assert verdict(loss, 0.02) == "failed"

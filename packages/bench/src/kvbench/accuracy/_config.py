@@ -16,9 +16,19 @@ from ._errors import ConfigError
 DEFAULT_CONFIG = Path(__file__).with_name("cpu_nightly.toml")
 TASKS_DIR = Path(__file__).with_name("tasks")
 
-RUN_MODES = ("single-pass", "decode", "generate")
+# Task modes score lm-eval tasks; "divergence" compares the caches' next-token distributions on
+# running text (no lm-eval), see `DivergenceSpec`.
+TASK_MODES = ("single-pass", "decode", "generate")
+DIVERGENCE_MODE = "divergence"
+RUN_MODES = (*TASK_MODES, DIVERGENCE_MODE)
 # auto: the model dtype; int8: kvquant per-(token, kv-head); fp8_e4m3: emulated vLLM fp8.
 KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
+# The divergence runs' degraded control: an emulated 4-bit per-(token, kv-head) cache.
+DEGRADED_KV_CACHE_DTYPE = "int4"
+# How the attention reads a paged cache: kvquant's Triton kernels (a GPU) or its torch reference.
+ATTENTION_PATHS = ("kernels", "reference")
+# Offline running text for the divergence runs (kvbench.accuracy._corpus).
+CORPORA = ("coqa-stories", "lambada-passages")
 # The lm-eval model that scores the tasks: kvquant-hf (a HF model over a kvquant cache, every
 # mode) or lm-eval's own `vllm` model, whose engine is given the cache dtype.
 BACKENDS = ("kvquant-hf", "vllm")
@@ -42,6 +52,43 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
+class DivergenceSpec:
+    """Next-token distributions of the candidate cache against the baseline's on running text.
+
+    Attributes:
+        index: the run's place in the config's ``runs``, for messages.
+        corpus: one of `CORPORA`, its documents concatenated and cut into chunks.
+        tokens: tokens fed per cache, a multiple of ``chunk_length``; a chunk of L tokens gives
+            L - 1 next-token predictions, each scored.
+        control_tokens: the tokens of the first chunks that the two controls (degraded cache,
+            prefill trap) also score; 0 runs no control.
+        attention: the paths that read the paged caches, each scoring every chunk; None: the
+            kernels on a GPU, the reference on the CPU (`check_attention`).
+        attention_name: the setting ``attention`` came from, for messages.
+    """
+
+    index: int
+    corpus: str
+    tokens: int
+    chunk_length: int
+    control_tokens: int
+    attention: tuple[str, ...] | None
+    attention_name: str
+
+
+@dataclass(frozen=True)
+class DivergenceGate:
+    """The divergence gate (each candidate row must meet all three) and the paths' agreement."""
+
+    max_mean_kld: float
+    min_same_top1: float
+    max_ppl_ratio: float
+    # Two attention paths agree when their INT8 mean KLDs differ by at most this fraction (or
+    # by three standard errors of the paired per-token difference, if that is larger).
+    path_agreement: float
+
+
+@dataclass(frozen=True)
 class AccuracyConfig:
     backend: str
     model: str | None
@@ -53,6 +100,8 @@ class AccuracyConfig:
     prefill_reads_cache: bool
     tolerance: float
     runs: tuple[RunSpec, ...]
+    divergence: tuple[DivergenceSpec, ...] = ()
+    divergence_gate: DivergenceGate | None = None
 
 
 def _table(data: dict[str, Any], name: str, keys: set[str]) -> dict[str, Any]:
@@ -77,16 +126,22 @@ def _typed(table: dict[str, Any], where: str, key: str, kind: type, default: Any
     return value
 
 
-def _run(index: int, entry: object) -> RunSpec:
+def _run_mode(index: int, entry: object) -> str:
     where = f"runs[{index}]"
     if not isinstance(entry, dict):
         raise ConfigError(f"`{where}` is {type(entry).__name__}; expected a table")
+    mode: str = _typed(entry, where, "mode", str, "")
+    if mode not in RUN_MODES:
+        raise ConfigError(f"`{where}.mode` is {mode!r}; expected one of {', '.join(RUN_MODES)}")
+    return mode
+
+
+def _task_run(index: int, entry: dict[str, Any]) -> RunSpec:
+    where = f"runs[{index}]"
+    mode = entry["mode"]
     unknown = sorted(set(entry) - {"mode", "tasks", "limit"})
     if unknown:
         raise ConfigError(f"`{where}.{unknown[0]}` is not a known key; expected mode, tasks, limit")
-    mode = _typed(entry, where, "mode", str, "")
-    if mode not in RUN_MODES:
-        raise ConfigError(f"`{where}.mode` is {mode!r}; expected one of {', '.join(RUN_MODES)}")
     tasks = entry.get("tasks")
     if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) for t in tasks):
         raise ConfigError(f"`{where}.tasks` is {tasks!r}; expected a non-empty list of task names")
@@ -96,8 +151,116 @@ def _run(index: int, entry: object) -> RunSpec:
     return RunSpec(mode=mode, tasks=tuple(tasks), limit=limit)
 
 
-def load_config(path: Path | None) -> AccuracyConfig:
-    """Read and check ``path`` (None: the embedded CPU nightly config, cpu_nightly.toml)."""
+_DIVERGENCE_KEYS = ("mode", "corpus", "tokens", "chunk_length", "control_tokens", "attention")
+# What `kvbench divergence` may override in every divergence run, and its option for each.
+DIVERGENCE_OPTIONS = {
+    "corpus": "--corpus",
+    "tokens": "--tokens",
+    "chunk_length": "--chunk-length",
+    "control_tokens": "--control-tokens",
+    "attention": "--attention",
+}
+
+
+def _divergence_run(
+    index: int, entry: dict[str, Any], max_length: int, overrides: dict[str, Any]
+) -> DivergenceSpec:
+    """Check one divergence run; a value from ``overrides`` is named by its command-line option."""
+    unknown = sorted(set(entry) - set(_DIVERGENCE_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"`runs[{index}].{unknown[0]}` is not a known key of a divergence run; expected one "
+            f"of {', '.join(_DIVERGENCE_KEYS)}"
+        )
+    entry = {**entry, **overrides}
+
+    def name(key: str) -> str:
+        return DIVERGENCE_OPTIONS[key] if key in overrides else f"runs[{index}].{key}"
+
+    def integer(key: str, default: int, minimum: int) -> int:
+        value = entry.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise ConfigError(f"`{name(key)}` is {value!r}; expected an integer >= {minimum}")
+        return value
+
+    corpus = entry.get("corpus")
+    if corpus not in CORPORA:
+        raise ConfigError(f"`{name('corpus')}` is {corpus!r}; expected one of {', '.join(CORPORA)}")
+    chunk_length = integer("chunk_length", 512, 2)
+    if chunk_length > max_length:
+        raise ConfigError(
+            f"`{name('chunk_length')}` is {chunk_length}; expected at most `model.max_length` "
+            f"({max_length})"
+        )
+    tokens = integer("tokens", 0, chunk_length)
+    control_tokens = integer("control_tokens", 0, 0)
+    for key, value in (("tokens", tokens), ("control_tokens", control_tokens)):
+        if value % chunk_length:
+            raise ConfigError(
+                f"`{name(key)}` is {value}; expected a multiple of chunk_length ({chunk_length})"
+            )
+    if control_tokens > tokens:
+        raise ConfigError(
+            f"`{name('control_tokens')}` is {control_tokens}; expected at most tokens ({tokens})"
+        )
+    attention = entry.get("attention")
+    if attention is not None:
+        paths = attention if isinstance(attention, list) else None
+        if (
+            not paths
+            or not all(isinstance(p, str) and p in ATTENTION_PATHS for p in paths)
+            or len(set(paths)) != len(paths)
+        ):
+            raise ConfigError(
+                f"`{name('attention')}` is {attention!r}; expected a list of distinct paths from "
+                f"{', '.join(ATTENTION_PATHS)}"
+            )
+        attention = tuple(paths)
+    return DivergenceSpec(
+        index, str(corpus), tokens, chunk_length, control_tokens, attention, name("attention")
+    )
+
+
+def check_attention(spec: DivergenceSpec, device: str, device_name: str) -> tuple[str, ...]:
+    """The paths ``spec`` runs on ``device``; kernels are refused where there is no CUDA device.
+
+    ``device_name`` is the setting the device came from, for the message.
+    """
+    if spec.attention is None:
+        return ("reference",) if device == "cpu" else ("kernels",)
+    if "kernels" in spec.attention and device == "cpu":
+        raise ConfigError(
+            f"`{spec.attention_name}` holds 'kernels' but `{device_name}` is 'cpu'; kvquant's "
+            "kernels need a CUDA device, expected ['reference'] on the CPU"
+        )
+    return spec.attention
+
+
+_DIVERGENCE_GATE_KEYS = ("max_mean_kld", "min_same_top1", "max_ppl_ratio", "path_agreement")
+
+
+def _divergence_gate(gate: dict[str, Any]) -> DivergenceGate:
+    values = []
+    for key in _DIVERGENCE_GATE_KEYS:
+        if key not in gate:
+            raise ConfigError(f"`gate.{key}` is missing; a divergence run is judged by it")
+        value = _typed(gate, "gate", key, float, None)
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"`gate.{key}` is {value!r}; expected a finite number >= 0")
+        values.append(value)
+    if values[1] > 1:
+        raise ConfigError(f"`gate.min_same_top1` is {values[1]!r}; expected a share in [0, 1]")
+    return DivergenceGate(*values)
+
+
+def load_config(
+    path: Path | None, divergence_overrides: dict[str, Any] | None = None
+) -> AccuracyConfig:
+    """Read and check ``path`` (None: the embedded CPU nightly config, cpu_nightly.toml).
+
+    ``divergence_overrides`` replaces keys (`DIVERGENCE_OPTIONS`) of every divergence run and
+    is checked as the run's own values are.
+    """
     path = DEFAULT_CONFIG if path is None else path
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -114,7 +277,7 @@ def load_config(path: Path | None) -> AccuracyConfig:
         )
     model = _table(data, "model", {"backend", "path", "device", "dtype", "max_length"})
     compare = _table(data, "compare", {"baseline", "candidate", "prefill_reads_cache"})
-    gate = _table(data, "gate", {"tolerance"})
+    gate = _table(data, "gate", {"tolerance", *_DIVERGENCE_GATE_KEYS})
     for key, default in (("baseline", "auto"), ("candidate", "int8")):
         name = _typed(compare, "compare", key, str, default)
         if name not in KV_CACHE_DTYPES:
@@ -138,6 +301,12 @@ def load_config(path: Path | None) -> AccuracyConfig:
     tolerance = _typed(gate, "gate", "tolerance", float, 0.02)
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise ConfigError(f"`gate.tolerance` is {tolerance!r}; expected a finite number >= 0")
+    modes = [_run_mode(i, entry) for i, entry in enumerate(runs)]
+    divergence = tuple(
+        _divergence_run(i, entry, max_length, divergence_overrides or {})
+        for i, (entry, mode) in enumerate(zip(runs, modes, strict=True))
+        if mode == DIVERGENCE_MODE
+    )
     config = AccuracyConfig(
         backend=backend,
         model=_typed(model, "model", "path", str, "") or None,
@@ -148,7 +317,13 @@ def load_config(path: Path | None) -> AccuracyConfig:
         candidate=compare.get("candidate", "int8"),
         prefill_reads_cache=_typed(compare, "compare", "prefill_reads_cache", bool, True),
         tolerance=tolerance,
-        runs=tuple(_run(i, entry) for i, entry in enumerate(runs)),
+        runs=tuple(
+            _task_run(i, entry)
+            for i, (entry, mode) in enumerate(zip(runs, modes, strict=True))
+            if mode != DIVERGENCE_MODE
+        ),
+        divergence=divergence,
+        divergence_gate=_divergence_gate(gate) if divergence else None,
     )
     if backend == "vllm":
         _check_vllm_can_run(config)
@@ -165,12 +340,17 @@ def check_device(device: str, backend: str, where: str) -> None:
 
 def _check_vllm_can_run(config: AccuracyConfig) -> None:
     """Refuse what lm-eval's `vllm` model cannot score, before any engine starts."""
+    if config.divergence:
+        raise ConfigError(
+            "`runs` holds a divergence run but backend 'vllm' returns no logits to compare; "
+            "expected kvquant-hf for divergence runs"
+        )
     if not config.prefill_reads_cache:
         raise ConfigError(
             "`compare.prefill_reads_cache` is false but backend 'vllm' always attends over the "
             "cache it just wrote; expected true"
         )
-    for index, run in enumerate(config.runs):
+    for index, run in enumerate(config.runs):  # task runs only, past the check above
         if run.mode not in VLLM_RUN_MODES:
             raise ConfigError(
                 f"`runs[{index}].mode` is {run.mode!r}, kvquant-hf's teacher-forced path; "

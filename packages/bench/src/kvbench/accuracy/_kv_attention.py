@@ -7,11 +7,13 @@ attends over what the cache holds, so INT8 rounding reaches every query that rea
 
 Caches by ``kv_cache_dtype``:
 - ``int8``: a kvquant paged cache, per-(token, kv-head) dynamic scales. kvquant's torch reference
-  on CPU, its Triton kernels on a GPU.
+  on CPU, its Triton kernels on a GPU (or the reference there too, to compare the two paths).
 - ``auto``: the model dtype. A kvquant 16-bit paged cache for fp16/bf16 models; for fp32 models
   (CPU), which kvquant does not store, a dense fp32 cache, i.e. exact.
 - ``fp8_e4m3``: emulated as vLLM stores fp8 without calibrated scales (per-tensor scale 1.0;
   values beyond +-448 clamp), rounded through torch.float8_e4m3fn and read back as fp32.
+- ``int4``: the divergence benchmark's degraded control, never a cache to ship: symmetric 4-bit
+  codes with one scale per (token, kv head), emulated in torch on every device.
 
 On the torch reference path each layer also keeps the fp32 values its cache reads back, filled
 as tokens are written, so a decode step costs its one new token rather than the whole sequence.
@@ -25,7 +27,7 @@ from typing import Protocol
 
 import torch
 
-from ._config import KV_CACHE_DTYPES
+from ._config import DEGRADED_KV_CACHE_DTYPE, KV_CACHE_DTYPES
 from ._errors import AccuracyError, UnsupportedModelError
 
 ATTN_IMPLEMENTATION = "kvquant"
@@ -33,6 +35,8 @@ ATTN_IMPLEMENTATION = "kvquant"
 _BLOCK_SIZE = 16
 # Largest finite float8_e4m3fn value; torch's cast would turn larger values into NaN.
 _FP8_E4M3_MAX = 448.0
+# The 4-bit control's largest code: codes lie in [-8, 7], like INT8's in [-128, 127].
+_INT4_CODE_MAX = 7
 
 
 class _LayerCache(Protocol):
@@ -183,6 +187,20 @@ class _ReadBackLayerCache:
         )
 
 
+class _Int4ReadBackLayerCache(_ReadBackLayerCache):
+    """The degraded control: INT8's scheme with 4-bit codes, so each value moves by up to half of
+    ``absmax / 7`` instead of ``absmax / 127``. Read back as fp32 like the other caches."""
+
+    def _stored(self, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        from kvquant.reference import SCALE_FLOOR, round_half_away_from_zero
+
+        both = torch.stack((key, value)).float()
+        absmax = both.abs().amax(dim=-1)
+        scale = torch.clamp(absmax / _INT4_CODE_MAX, min=SCALE_FLOOR)[..., None]
+        codes = round_half_away_from_zero(both / scale).clamp(-_INT4_CODE_MAX - 1, _INT4_CODE_MAX)
+        return codes * scale
+
+
 @dataclass
 class KVSession:
     """The caches of one model for the sequence being scored, and how prefill attends.
@@ -201,16 +219,20 @@ class KVSession:
 
 
 def cache_storage(kv_cache_dtype: str, model_dtype: torch.dtype) -> tuple[str, torch.dtype]:
-    """("paged" | "dense", element dtype) for a ``kv_cache_dtype`` name; rejects unknown names."""
+    """("paged" | "dense" | "int4", element dtype) for a ``kv_cache_dtype`` name; rejects unknown
+    names. "int4" is the emulated control, its codes held in int8."""
     if kv_cache_dtype == "int8":
         return "paged", torch.int8
+    if kv_cache_dtype == DEGRADED_KV_CACHE_DTYPE:
+        return "int4", torch.int8
     if kv_cache_dtype == "fp8_e4m3":
         return "dense", torch.float8_e4m3fn
     if kv_cache_dtype == "auto":
         if model_dtype in (torch.float16, torch.bfloat16):
             return "paged", model_dtype
         return "dense", model_dtype
-    msg = f"`kv_cache_dtype` is {kv_cache_dtype!r}; expected one of {', '.join(KV_CACHE_DTYPES)}"
+    known = ", ".join((*KV_CACHE_DTYPES, DEGRADED_KV_CACHE_DTYPE))
+    msg = f"`kv_cache_dtype` is {kv_cache_dtype!r}; expected one of {known}"
     raise AccuracyError(msg)
 
 
@@ -224,17 +246,22 @@ def new_session(
     max_tokens: int,
     device: torch.device,
     prefill_reads_cache: bool,
+    kernels: bool | None = None,
 ) -> KVSession:
     """Allocate every layer's cache for sequences of up to ``max_tokens`` tokens.
 
-    On a GPU the kvquant Triton kernels serve the paged caches; on the CPU, and for caches
-    kvquant does not page, a `_ReadBackLayerCache` on kvquant's torch reference does, so no
-    Triton interpreter is needed.
+    ``kernels`` (default: on a GPU) serves the paged caches with kvquant's Triton kernels; else,
+    and for caches kvquant does not page, a `_ReadBackLayerCache` on kvquant's torch reference
+    does, so the CPU needs no Triton interpreter and a GPU can run both paths on the same tokens.
     """
     import kvquant
 
     layout, storage_dtype = cache_storage(kv_cache_dtype, model_dtype)
-    use_kernels = layout == "paged" and device.type != "cpu"
+    if kernels is None:
+        kernels = device.type != "cpu"
+    if kernels and device.type == "cpu":
+        raise AccuracyError("`attention` is 'kernels' on the CPU; kvquant's kernels need a GPU")
+    use_kernels = kernels and layout == "paged"
     if use_kernels and model_dtype not in (torch.float16, torch.bfloat16):
         msg = f"`dtype` is {model_dtype} on {device}; kvquant's kernels expect float16 or bfloat16"
         raise AccuracyError(msg)
@@ -243,7 +270,13 @@ def new_session(
             # The reference path needs no pages, but a model whose K/V kvquant cannot page is
             # refused on the CPU as on a GPU.
             kvquant.allocate_cache(1, num_kv_heads, head_size, _BLOCK_SIZE, storage_dtype, device)
-        layer_cache = _KernelLayerCache if use_kernels else _ReadBackLayerCache
+        layer_cache: type[_KernelLayerCache | _ReadBackLayerCache]
+        if use_kernels:
+            layer_cache = _KernelLayerCache
+        elif layout == "int4":
+            layer_cache = _Int4ReadBackLayerCache
+        else:
+            layer_cache = _ReadBackLayerCache
         layers: list[_LayerCache] = [
             layer_cache(storage_dtype, num_kv_heads, head_size, max_tokens, device)
             for _ in range(num_layers)

@@ -30,16 +30,9 @@ from lm_eval.utils import (  # type: ignore[import-untyped]
 )
 from tqdm import tqdm  # type: ignore[import-untyped]
 
-from ._config import MODEL_DTYPES
-from ._errors import AccuracyError, ModelLoadError, UnsupportedModelError
-from ._kv_attention import (
-    ATTN_IMPLEMENTATION,
-    KVSession,
-    cache_storage,
-    new_session,
-    register_attention,
-)
-from ._model_files import check_has_kv_cache, resolve_model
+from ._errors import AccuracyError
+from ._hf_model import forward, load_model, model_session
+from ._kv_attention import KVSession, cache_storage
 
 if TYPE_CHECKING:
     from lm_eval.api.instance import Instance  # type: ignore[import-untyped]
@@ -59,46 +52,6 @@ def _parse_bool(name: str, value: object) -> bool:
         return False
     msg = f"`{name}` is {value!r}; expected true or false"
     raise AccuracyError(msg)
-
-
-def load_model(
-    model: str | None, device: str, dtype: str = "auto"
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load ``model`` (None: the default SmolLM2) with the kvquant attention.
-
-    ``dtype="auto"`` is fp32 on the CPU (exact reference numerics) and bf16 on a GPU.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model_dir = resolve_model(model)
-    check_has_kv_cache(model_dir)
-    register_attention()
-    if dtype not in MODEL_DTYPES:
-        raise AccuracyError(f"`dtype` is {dtype!r}; expected one of {', '.join(MODEL_DTYPES)}")
-    if dtype == "auto":
-        torch_dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    else:
-        torch_dtype = getattr(torch, dtype)
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        msg = f"`device` is {device!r} but no CUDA device is available; expected cpu"
-        raise AccuracyError(msg)
-    try:
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            model_dir,
-            dtype=torch_dtype,
-            attn_implementation=ATTN_IMPLEMENTATION,
-            device_map=device,
-        )
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    except ValueError as error:
-        # transformers refuses custom attention for models that do not route through it.
-        msg = f"`model` {model_dir} cannot use the kvquant attention: {str(error).splitlines()[0]}"
-        raise UnsupportedModelError(msg) from None
-    except OSError as error:
-        msg = f"`model` {model_dir} could not be loaded: {str(error).splitlines()[0]}"
-        raise ModelLoadError(msg) from None
-    # from_pretrained returns the model in eval mode: no dropout.
-    return hf_model, tokenizer
 
 
 @register_model("kvquant-hf")
@@ -140,19 +93,11 @@ class KVQuantHFLM(TemplateLM):  # type: ignore[misc]  # TemplateLM is untyped
         self.score_mode = score_mode
         self.max_length = int(max_length)
         self.progress = progress
-        config = model.config.get_text_config()
-        head_size = getattr(config, "head_dim", None) or (
-            config.hidden_size // config.num_attention_heads
-        )
-        self._session: KVSession = new_session(
+        self._session: KVSession = model_session(
+            model,
             kv_cache_dtype=kv_cache_dtype,
-            model_dtype=model.dtype,
-            num_layers=config.num_hidden_layers,
-            num_kv_heads=getattr(config, "num_key_value_heads", config.num_attention_heads),
-            head_size=head_size,
-            max_tokens=self.max_length,
-            device=model.device,
             prefill_reads_cache=_parse_bool("prefill_reads_cache", prefill_reads_cache),
+            max_tokens=self.max_length,
         )
         # Tokens at positions 0... of the cache from the last decode-mode prefill; None once
         # anything else may have overwritten them.
@@ -165,6 +110,14 @@ class KVQuantHFLM(TemplateLM):  # type: ignore[misc]  # TemplateLM is untyped
             raise AccuracyError("tokenizer has no single `eos_token_id`; expected one token id")
         return eos
 
+    @property
+    def prefix_token_id(self) -> int:
+        """The token a rolling window's first token is scored after: BOS where the tokenizer
+        has one, as lm-eval's HF and vllm models do, else the end-of-text token (lm-eval's
+        default). Another prefix would shift the baseline's perplexity itself."""
+        bos = self.tokenizer.bos_token_id
+        return bos if isinstance(bos, int) else self.eot_token_id
+
     def tok_encode(
         self, string: str, add_special_tokens: bool | None = None, **kwargs: Any
     ) -> list[int]:
@@ -175,21 +128,7 @@ class KVQuantHFLM(TemplateLM):  # type: ignore[misc]  # TemplateLM is untyped
 
     def _forward(self, tokens: Sequence[int], logits_to_keep: int) -> torch.Tensor:
         """Run ``tokens`` at the cache's next positions; fp32 logits of the last few rows."""
-        start = self._session.length
-        device = self.model.device
-        input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)
-        position_ids = torch.arange(start, start + len(tokens), device=device)[None]
-        with torch.inference_mode():
-            out = self.model(
-                input_ids=input_ids,
-                position_ids=position_ids,
-                use_cache=False,
-                logits_to_keep=logits_to_keep,
-                kv_session=self._session,
-            )
-        self._session.length = start + len(tokens)
-        logits: torch.Tensor = out.logits[0].float()
-        return logits
+        return forward(self.model, self._session, tokens, logits_to_keep)
 
     def _restart(self) -> None:
         """Make the next forward write from position 0."""

