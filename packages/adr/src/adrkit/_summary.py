@@ -276,9 +276,10 @@ def _divergence(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Res
 
 
 def _tasks(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
-    record = _newest(evidence, "accuracy", lambda r: _number(r, "rows_inconclusive") is not None)
+    # A record of a divergence-only run scored no task: it answers nothing here.
+    record = _newest(evidence, "accuracy", lambda r: (_number(r, "rows") or 0) > 0)
     if record is None:
-        return _missing(evidence, "accuracy", "rows_inconclusive", lang)
+        return _missing(evidence, "accuracy", "rows", lang)
     counts = {k: _count(record, f"rows_{k}") for k in ("passed", "inconclusive", "failed")}
     rows = _count(record, "rows")
     found = _measured(lang, "tasks", f"{counts['passed']}/{rows}", record, rows=rows, **counts)
