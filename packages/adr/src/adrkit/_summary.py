@@ -37,12 +37,6 @@ _MAX_DECISIONS_BYTES = 256 * 2**10
 # Words of the summaries, in each ADR language. Fields are filled with Markdown-escaped text.
 _LABELS: dict[str, dict[str, str]] = {
     "en": {
-        "question": "Question",
-        "answer": "Answer",
-        "figure": "Figure",
-        "hardware": "Hardware",
-        "date": "Date",
-        "verdict": "Verdict",
         "not-measured": "not measured",
         "no-gate": "no gate",
         "inconclusive": "inconclusive",
@@ -54,8 +48,8 @@ _LABELS: dict[str, dict[str, str]] = {
         "why-no-rows": "no rows of the kind it needs",
         "no-decisions": "No rows: {file} declares none for this block.",
         "kv-memory": "INT8 stores a token's K and V in {ratio} the bytes of the 16-bit cache",
-        "speedup": "INT8 takes {low} to {high} less time than 16-bit ({cells})",
-        "speedup-cells": "min to max over the timed cells",
+        "speedup": "16-bit time over INT8 time: {span} ({cells})",
+        "speedup-cells": "lowest to highest over the timed cells",
         "divergence": (
             "mean KLD {kld}, same top-1 {top1}, perplexity ratio {ppl}, on {positions} positions"
         ),
@@ -73,12 +67,6 @@ _LABELS: dict[str, dict[str, str]] = {
         "kv-dtypes": "FP8 KV cache: {fp8}; INT8 KV cache: {int8}; backends: {backend}",
     },
     "zh": {
-        "question": "问题",
-        "answer": "回答",
-        "figure": "数据",
-        "hardware": "硬件",
-        "date": "日期",
-        "verdict": "结论",
         "not-measured": "未测量",
         "no-gate": "无门限",
         "inconclusive": "无定论",
@@ -90,8 +78,8 @@ _LABELS: dict[str, dict[str, str]] = {
         "why-no-rows": "没有所需类型的行",
         "no-decisions": "没有行：{file} 没有为此块声明任何行。",
         "kv-memory": "INT8 存储一个 token 的 K 和 V 所需字节为 16 位缓存的 {ratio}",
-        "speedup": "INT8 耗时比 16 位少，加速比 {low} 至 {high}（{cells}）",
-        "speedup-cells": "所有计时单元中的最小值至最大值",
+        "speedup": "16 位耗时与 INT8 耗时之比：{span}（{cells}）",
+        "speedup-cells": "所有计时单元中的最低至最高",
         "divergence": "平均 KLD {kld}，top-1 相同 {top1}，困惑度比 {ppl}，共 {positions} 个位置",
         "tasks": "共 {rows} 项：{passed} 项通过，{inconclusive} 项无定论，{failed} 项失败",
         "correct": "最大误差为容差的 {worst}；{edge} 个边界用例失败",
@@ -248,8 +236,8 @@ def _speedup(op: str) -> Answer:
         low = _number(record, low_metric) or 0.0
         high = _number(record, high_metric) or low
         cells = summary_label(lang, "speedup-cells")
-        figure = f"{_x(low)} – {_x(high)}"
-        found = _measured(lang, "speedup", figure, record, low=_x(low), high=_x(high), cells=cells)
+        figure = _x(low) if _x(low) == _x(high) else f"{_x(low)} – {_x(high)}"
+        found = _measured(lang, "speedup", figure, record, span=figure, cells=cells)
         return replace(found, value=low)
 
     return answer
@@ -605,7 +593,7 @@ def render_summary(
     return markdown_table(lang, _COLUMNS, [_cells(row, hardware, lang) for row in rows])
 
 
-_COLUMNS = ["question", "answer", "figure", "hardware", "date", "verdict"]
+_COLUMNS = ["question", "answer", "evidence_figure", "hardware", "date", "verdict"]
 
 
 def _cells(row: DecisionRow, hardware: HardwareClasses, lang: str) -> list[Scalar]:
