@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -342,3 +343,30 @@ def postgres_url() -> Iterator[str]:
             check=False,
         )
         shutil.rmtree(base, ignore_errors=True)
+
+
+# A run of three or more English words; identifiers (with digits, `_`, `.`, `/`, `:`, `=` or
+# `-`) and acronyms (KV, INT8, RECORD) are not words. Names of hardware and of models are names.
+_ENGLISH_RUN = re.compile(
+    r"(?<![\w./:=-])(?:[A-Za-z][a-z]+[ ,;()']+){2,}[A-Za-z][a-z]+(?![\w./:=-])"
+)
+_CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
+_CODE = re.compile(r"(`+)(?:(?!\1).)+\1|<code>.*?</code>")
+_BLOCK_BODY = re.compile(r"<!-- generated:(\S+) begin -->(.*?)<!-- generated:\1 end -->", re.DOTALL)
+
+
+def prose(text: str) -> str:
+    """TEXT without code (spans and elements) and line-break tags."""
+    return _CODE.sub(" ", text).replace("<br>", " ")
+
+
+def other_language(text: str, lang: str) -> list[str]:
+    """The runs of ``text``'s prose that are in the other of the ADRs' two languages."""
+    if lang == "zh":
+        return _ENGLISH_RUN.findall(prose(text))
+    return _CJK.findall(prose(text))
+
+
+def generated_blocks(adr_text: str) -> dict[str, str]:
+    """Block key -> generated body of an ADR's text."""
+    return {m.group(1): m.group(2) for m in _BLOCK_BODY.finditer(adr_text)}

@@ -10,7 +10,14 @@ import pytest
 
 from adrkit import load_latest
 
-from conftest import ForkFixture, PrefectServer, create_pools, deploy_all
+from conftest import (
+    ForkFixture,
+    PrefectServer,
+    create_pools,
+    deploy_all,
+    generated_blocks,
+    other_language,
+)
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 WORKER_TIMEOUT_S = 600  # an upper bound: CI runs the vllm session beside these tests
@@ -143,6 +150,12 @@ def test_nightly_deployment_runs_every_stage_and_writes_adrs(
     assert stored == {"audit", "kernels", "correctness", "accuracy"}
     status_adr = _adr(params, "0001-record-architecture-decisions.md")
     assert f"流程运行 `{flow_run['id']}`" in status_adr
+    # Every generated block of every ADR speaks only its ADR's language.
+    for path in sorted(Path(str(params["adr_dir"])).glob("[0-9][0-9][0-9][0-9]-*.md")):
+        text = path.read_text()
+        lang = "zh" if "\nlang: zh\n" in text.split("\n---\n", 1)[0] + "\n" else "en"
+        for key, body in generated_blocks(text).items():
+            assert not other_language(body, lang), (path.name, key, other_language(body, lang))
 
     keys = [
         "audit-report",

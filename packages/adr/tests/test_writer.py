@@ -299,7 +299,7 @@ def test_table_block_of_a_crashed_stage_shows_why_not_an_empty_table(
     )
     update_adrs(adr_dir, results)
     block = path.read_text().split("<!-- generated:kvquant-resource-diff begin -->\n")[1]
-    assert block.startswith(reason + "\n")
+    assert block.startswith(f"The stage's own message: `{reason}`\n")
     assert "No resource use changed" not in block
 
 

@@ -132,8 +132,7 @@ _LABELS: dict[str, dict[str, str]] = {
         "expected": "Must be",
         "exactly-0": "exactly 0",
         "not-0": "not 0",
-        "question": "Question",
-        "answer": "Answer",
+        "stage-message": "The stage's own message:",
         "evidence_figure": "Figure",
         "hardware": "Hardware",
         "date": "Date",
@@ -355,8 +354,7 @@ _LABELS: dict[str, dict[str, str]] = {
         "expected": "应为",
         "exactly-0": "恰为 0",
         "not-0": "不为 0",
-        "question": "问题",
-        "answer": "回答",
+        "stage-message": "阶段自身的消息：",
         "evidence_figure": "数据",
         "hardware": "硬件",
         "date": "日期",
@@ -641,7 +639,7 @@ def render_audit_summary(records: Records, lang: str) -> str:
     if record.status != "skipped" and record.metrics:
         parts += [_metrics_table(record, lang, _AUDIT_SUMMARY_METRICS), _gate_table(record, lang)]
     elif record.reason:
-        parts.append(markdown_text(record.reason))
+        parts.append(stage_message(record.reason, lang))
     parts.append(source_line(record, lang))
     return "\n\n".join(parts)
 
@@ -683,8 +681,9 @@ def _audit_verdict(record: Record, lang: str) -> str:
 # Text from a record that can be shown as a backtick code span in a table cell: no `<` or `>`
 # (a span could carry `<!--` into the ADR's source), no line break, control character or lone
 # surrogate (an undecodable path byte).
-_SPAN_SAFE = re.compile(r"[^<>\x00-\x1f\x7f\ud800-\udfff]*")
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
+# Line breaks beyond ASCII's (NEL, the line and paragraph separators) count as unprintable too.
+_SPAN_SAFE = re.compile(r"[^<>\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]*")
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 _ESCAPED_IN_CODE = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "\\|"}
 _MARKDOWN_INLINE = frozenset("\\`*_[]~")
 
@@ -893,6 +892,12 @@ def figure_signature(artifact: str) -> bytes | None:
 Presenter = Callable[[Table, str], tuple[list[str], list[list[Scalar]]]]
 
 
+def stage_message(message: str, lang: str) -> str:
+    """A stage's own message (why it was skipped, what it crashed on), quoted as written: it is
+    the stage's English, whatever the ADR's language."""
+    return f"{markdown_text(label(lang, 'stage-message'))} {code_cell(message)}"
+
+
 def _quoted(table: Table, verbatim: frozenset[str]) -> list[list[Scalar]]:
     """The table's rows with the text of its ``verbatim`` columns quoted as code; the record's
     schema words (passed, failed) stay words."""
@@ -945,11 +950,11 @@ def render_record_table(
         if isinstance(record, str):
             return record
         if record.status == "skipped":
-            reason = markdown_text(record.reason or record.summary)
+            reason = stage_message(record.reason or record.summary, lang)
             return "\n\n".join([reason, source_line(record, lang)])
         found: Table | None = record.tables.get(table)
         if found is None and record.reason:  # the stage ended (crashed) before the table
-            body = markdown_text(record.reason)
+            body = stage_message(record.reason, lang)
         elif found is not None and found.rows:
             if present is not None and present[1] <= set(found.columns):
                 body = markdown_table(lang, *present[0](found, lang))
