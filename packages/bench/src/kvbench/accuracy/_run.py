@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -252,10 +253,15 @@ def _run_in(
     # The child runs vLLM itself: it must not look for another environment in turn.
     env = {k: v for k, v in os.environ.items() if k != VLLM_PYTHON_ENV}
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    # Its whole output is this run's log (vLLM logs to stdout); the result is printed once, here.
+    sys.stderr.write(done.stdout)
+    lines = done.stderr.rstrip("\n").splitlines()
     if done.returncode != 0:
-        lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
-        msg = f"kvbench accuracy in {python}: {lines[-1].removeprefix('kvbench accuracy: error: ')}"
+        last = lines.pop() if lines else f"exit status {done.returncode}"
+        sys.stderr.writelines(line + "\n" for line in lines)  # the engines' own log
+        msg = f"kvbench accuracy in {python}: {last.removeprefix('kvbench accuracy: error: ')}"
         raise EngineStartError(msg)
+    sys.stderr.writelines(line + "\n" for line in lines)
     result: dict[str, Any] = json.loads((out_dir / RESULT_NAME).read_text(encoding="utf-8"))
     return result
 
