@@ -217,3 +217,11 @@ def test_a_decisions_file_naming_an_unknown_answer_is_one_line_and_exit_2(
     code, err = run_update(capsys, adr_dir, results)
     assert code == 2 and err.count("\n") == 1
     assert "answer 'speed' is not one of" in err
+
+
+def test_the_status_table_names_each_stage_as_the_pipeline_does() -> None:
+    # "kernels" is also a cell word the divergence table translates; a stage keeps its name.
+    shown = _shown(make_record("kernels"), audit())
+    zh = render_block("pipeline-status", shown, "zh")
+    assert re.search(r"^\| kernels \| [^|]+ \| 通过 \|", zh, re.MULTILINE), zh
+    assert re.search(r"^\| audit \| [^|]+ \| ", zh, re.MULTILINE), zh

@@ -60,7 +60,8 @@ def render_pipeline_status(shown: Shown, lang: str) -> str:
             passed = sum(g.passed for g in r.gates)
             rows.append(
                 [
-                    stage,
+                    # A stage's name, never a cell word to translate ("kernels" is one).
+                    Markdown(markdown_text(stage)),
                     hardware.label(class_id, lang, r),
                     r.status,
                     detail,
