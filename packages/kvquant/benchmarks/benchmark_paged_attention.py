@@ -2,7 +2,7 @@
 
 Run on a CUDA device:
   python benchmarks/benchmark_paged_attention.py [--sweep | --splits | --budget | --flush]
-  python benchmarks/benchmark_paged_attention.py [--prefill | --profile BATCH CONTEXT]
+  python benchmarks/benchmark_paged_attention.py [--prefill | --prefill-sweep | --profile B C]
 
 Shapes are the issue's: bf16 model, 32 query heads, 8 kv heads, head size 128, block size 16,
 batch 1/16/64 x context 1k/8k/32k. Every sequence has the full context. Times are medians of
@@ -17,9 +17,10 @@ of one call still pays a graph launch and an event pair (~4 us on the H200, NOTE
 decode inside a model's graph does not: "in graph" is the time per call of a graph of
 GRAPH_CALLS decodes, each over its own cache, so each still reads its bytes from DRAM.
 
-After the decode table, the chunked prefill (PREFILL_BATCH sequences of PREFILL_PREFIX cached and
-PREFILL_CHUNK new tokens) of each cache, eagerly timed: its input check reads cu_seqlens_q on the
-host, so it cannot be captured in a graph.
+After the decode table, the chunked prefill of each PREFILL_SHAPES shape (batch x (cached + new
+tokens)) for both caches and for PyTorch's dense SDPA flash backend, each as kernel time: the
+prefill's checked launch (`plan_prefill`, which reads cu_seqlens_q on the host once) replayed as a
+CUDA graph. TFLOP/s counts the causal FLOPs of the new tokens.
 """
 
 # mypy: disable-error-code="no-untyped-def, untyped-decorator"
@@ -40,9 +41,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kvquant import decode_attention, prefill_attention
+from kvquant import PrefillConfig, decode_attention
 from kvquant.ops import paged_attention
 from kvquant.ops._common import launch
+from kvquant.ops.prefill_attention import plan_prefill
 from kvquant.timing import (
     copy_bandwidth,
     graph_ms,
@@ -661,76 +663,101 @@ def _us(times_ms: list[float]) -> str:
     return "/".join(f"{t * 1e3:.1f}" for t in times_ms)
 
 
-# Chunked prefill: each sequence has PREFIX cached tokens and CHUNK new ones (in the cache too).
-PREFILL_BATCH, PREFILL_PREFIX, PREFILL_CHUNK = 4, 2048, 2048
-# Causal FLOPs: QK and PV over the prefix plus the causal half of the chunk.
-PREFILL_KEYS_PER_QUERY = PREFILL_PREFIX + (PREFILL_CHUNK + 1) / 2
-PREFILL_FLOPS = 4 * PREFILL_BATCH * PREFILL_CHUNK * NUM_Q_HEADS * HEAD_SIZE * PREFILL_KEYS_PER_QUERY
+# Chunked prefill shapes: (batch, cached tokens, new tokens) per sequence; the new tokens are in
+# the cache too, as after the step's cache write.
+PREFILL_SHAPES = ((4, 2048, 2048), (4, 16384, 2048), (1, 32768, 4096), (8, 0, 2048))
+# Launch shapes `--prefill-sweep` times: (rows, tile_n, warps, stages).
+PREFILL_SWEEP = (
+    (64, 64, 4, 2),
+    (128, 64, 8, 2),
+    (128, 64, 8, 3),
+    (128, 32, 8, 3),
+    (128, 128, 8, 2),
+    (128, 64, 4, 3),
+    (256, 64, 8, 2),
+)
 
 
-def prefill_ms(cache_dtype: torch.dtype) -> float:
-    """Eager median of one chunked prefill (its cu_seqlens check syncs, so no CUDA graph)."""
-    context = PREFILL_PREFIX + PREFILL_CHUNK
-    setup = DecodeSetup(PREFILL_BATCH, context, cache_dtype)
-    query = torch.randn(
-        PREFILL_BATCH * PREFILL_CHUNK, NUM_Q_HEADS, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE
+def prefill_flops(batch: int, cached: int, new: int) -> float:
+    """Causal FLOPs of the new tokens: Q x K and P x V over the prefix and, causally, themselves."""
+    return 4 * batch * new * NUM_Q_HEADS * HEAD_SIZE * (cached + (new + 1) / 2)
+
+
+def prefill_ms(
+    batch: int, cached: int, new: int, cache_dtype: torch.dtype, config: PrefillConfig | None = None
+) -> float:
+    """One chunked prefill, its checked launch (`plan_prefill`) replayed as a CUDA graph."""
+    setup = DecodeSetup(batch, cached + new, cache_dtype)
+    query = torch.randn(batch * new, NUM_Q_HEADS, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE)
+    cu_seqlens_q = torch.arange(0, (batch + 1) * new, new, device="cuda", dtype=torch.int32)
+    plan = plan_prefill(
+        query, setup.cache, setup.block_table, setup.seq_lens, cu_seqlens_q, SOFTMAX_SCALE,
+        config=config,
+    )  # fmt: skip
+    return graph_ms(plan.run)
+
+
+def sdpa_prefill_ms(batch: int, cached: int, new: int) -> float:
+    """The same attention on a dense bf16 cache through PyTorch's flash backend: GQA by
+    repeating K and V, a cached prefix by the lower-right causal mask."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    group = NUM_Q_HEADS // NUM_KV_HEADS
+    q = torch.randn(batch, NUM_Q_HEADS, new, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE)
+    k, v = (
+        torch.randn(
+            batch, NUM_KV_HEADS, cached + new, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE
+        ).repeat_interleave(group, dim=1)
+        for _ in range(2)
     )
-    cu_seqlens_q = torch.arange(
-        0, (PREFILL_BATCH + 1) * PREFILL_CHUNK, PREFILL_CHUNK, device="cuda", dtype=torch.int32
-    )
-    out = torch.empty_like(query)
+    mask = causal_lower_right(new, cached + new) if cached else None
+    sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def run() -> None:
-        prefill_attention(
-            query,
-            setup.cache,
-            setup.block_table,
-            setup.seq_lens,
-            cu_seqlens_q,
-            SOFTMAX_SCALE,
-            out=out,
-        )
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            sdpa(q, k, v, attn_mask=mask, is_causal=not cached)
 
-    return median_ms(run)
+    return graph_ms(run)
 
 
 def prefill_table() -> None:
-    """The chunked prefill of each cache at the launch settings it ships with."""
-    int8_ms, bf16_ms = (prefill_ms(dtype) for dtype in (torch.int8, MODEL_DTYPE))
-    print(f"prefill: batch {PREFILL_BATCH}, {PREFILL_PREFIX} cached + {PREFILL_CHUNK} new tokens")
-    print(f"{'int8 ms':>8} {'TFLOP/s':>7} {'bf16 ms':>8} {'TFLOP/s':>7} {'vs bf16':>7}")
+    """Chunked prefill of both caches at their shipped launch shapes, and dense SDPA flash."""
+    print("prefill: batch x (cached + new), kernel time (CUDA graph), TFLOP/s of causal FLOPs")
     print(
-        f"{int8_ms:>8.3f} {PREFILL_FLOPS / int8_ms / 1e9:>7.0f} {bf16_ms:>8.3f} "
-        f"{PREFILL_FLOPS / bf16_ms / 1e9:>7.0f} {bf16_ms / int8_ms:>6.2f}x",
-        flush=True,
+        f"{'shape':>18} {'int8 ms':>8} {'TFLOP/s':>7} {'bf16 ms':>8} {'TFLOP/s':>7} "
+        f"{'sdpa ms':>8} {'TFLOP/s':>7} {'int8/bf16':>9} {'int8/sdpa':>9} {'bf16/sdpa':>9}"
     )
+    for batch, cached, new in PREFILL_SHAPES:
+        flops = prefill_flops(batch, cached, new)
+        int8_ms, bf16_ms = (prefill_ms(batch, cached, new, d) for d in (torch.int8, MODEL_DTYPE))
+        dense_ms = sdpa_prefill_ms(batch, cached, new)
+        shape = f"{batch} x ({cached} + {new})"
+        ratios = ((int8_ms, bf16_ms), (int8_ms, dense_ms), (bf16_ms, dense_ms))
+        print(
+            f"{shape:>18} "
+            + " ".join(f"{t:>8.3f} {flops / t / 1e9:>7.0f}" for t in (int8_ms, bf16_ms, dense_ms))
+            + "".join(f" {a / b:>8.2f}x" for a, b in ratios),
+            flush=True,
+        )
 
 
 def prefill_sweep() -> None:
-    """INT8 and bf16 chunked prefill for launch settings around the chosen one."""
-    print(f"prefill: batch {PREFILL_BATCH}, {PREFILL_PREFIX} cached + {PREFILL_CHUNK} new tokens")
-    print(f"{'tile':>4} {'rows':>4} {'warps':>5} {'stages':>6} {'int8 ms':>8} {'TFLOP/s':>7} "
-          f"{'bf16 ms':>8} {'TFLOP/s':>7}")  # fmt: skip
-    for tile, rows, warps, stages in [
-        (64, 64, 4, 2),
-        (64, 64, 4, 3),
-        (128, 64, 4, 3),
-        (128, 32, 4, 3),
-        (64, 128, 8, 3),
-        (64, 128, 8, 2),
-        (32, 64, 4, 3),
-    ]:
-        paged_attention._PREFILL_TILE_N = tile
-        paged_attention._PREFILL_ROWS = rows
-        paged_attention._NUM_WARPS = warps
-        paged_attention._PREFILL_STAGES = stages
-        paged_attention.clear_spec_caches()
-        times = [prefill_ms(dtype) for dtype in (torch.int8, MODEL_DTYPE)]
-        print(
-            f"{tile:>4} {rows:>4} {warps:>5} {stages:>6} "
-            + " ".join(f"{t:>8.3f} {PREFILL_FLOPS / t / 1e9:>7.0f}" for t in times),
-            flush=True,
-        )
+    """INT8 and bf16 chunked prefill at each launch shape of PREFILL_SWEEP, every shape."""
+    names = " ".join(f"{f'{b}x({c}+{n})':>14}" for b, c, n in PREFILL_SHAPES)
+    print(f"{'cache':>8} {'rows':>4} {'tile':>4} {'warps':>5} {'stages':>6} {names}  (ms)")
+    for dtype, (rows, tile_n, warps, stages) in itertools.product(
+        (torch.int8, MODEL_DTYPE), PREFILL_SWEEP
+    ):
+        config = PrefillConfig(rows=rows, tile_n=tile_n, num_warps=warps, num_stages=stages)
+        cells = []
+        for shape in PREFILL_SHAPES:
+            try:
+                cells.append(f"{prefill_ms(*shape, dtype, config):>14.3f}")
+            except Exception as error:  # a shape that does not fit: say so, go on
+                cells.append(f"{type(error).__name__[:14]:>14}")
+        launch_shape = f"{rows:>4} {tile_n:>4} {warps:>5} {stages:>6}"
+        print(f"{str(dtype)[6:]:>8} {launch_shape} " + " ".join(cells), flush=True)
 
 
 def profile_target(batch: int, context: int) -> None:
@@ -756,7 +783,10 @@ def main() -> None:
         "--flush", action="store_true", help="time decodes after each way of clearing the L2"
     )
     parser.add_argument(
-        "--prefill", action="store_true", help="sweep chunked-prefill launch settings instead"
+        "--prefill", action="store_true", help="time the chunked prefill's shapes instead"
+    )
+    parser.add_argument(
+        "--prefill-sweep", action="store_true", help="sweep chunked-prefill launch shapes instead"
     )
     parser.add_argument(
         "--geometry",
@@ -809,6 +839,8 @@ def main() -> None:
     elif args.flush:
         flush_check()
     elif args.prefill:
+        prefill_table()
+    elif args.prefill_sweep:
         prefill_sweep()
     elif args.geometry:
         geometry_table(args.columns, args.pv, args.groups)

@@ -97,10 +97,18 @@ def test_specs_cover_every_parameter() -> None:
         "ONE_SPLIT"
     }
     cuda = _specs(target="cuda")
-    # One code path on every target; only the decode's launch shape differs: on CUDA one warp
-    # owns a program, with a 64-key tile and 8 query-head columns (the n8 integer MMA); gfx90a's
-    # MFMA needs 16 columns, and it keeps 4 warps.
-    assert [spec.constexprs for spec in cuda[2:]] == [spec.constexprs for spec in specs[2:]]
+    # One code path on every target; only launch shapes differ, and how INT8 codes widen: on CUDA
+    # one warp owns a decode program, with a 64-key tile and 8 query-head columns (the n8 integer
+    # MMA); gfx90a's MFMA needs 16 columns, and it keeps 4 warps. The prefill's tiles are smaller
+    # on gfx90a (2 waves per SIMD), and only CUDA widens codes by PTX.
+    reducer_and_write = [0, 2]
+    assert [cuda[2:][i].constexprs for i in reducer_and_write] == [
+        specs[2:][i].constexprs for i in reducer_and_write
+    ]
+    cuda_prefill, hip_prefill = cuda[3], specs[3]
+    differs = {k for k, v in cuda_prefill.constexprs.items() if hip_prefill.constexprs[k] != v}
+    assert differs == {"TILE_N", "WIDEN_PTX"}
+    assert (cuda_prefill.num_stages, hip_prefill.num_stages) == (2, 1)
     for cuda_decode, hip_decode in zip(cuda[:2], specs[:2], strict=True):
         differs = {k for k, v in cuda_decode.constexprs.items() if hip_decode.constexprs[k] != v}
         assert differs == {"GROUP_PAD", "TILE_N"}

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     )
     from ._check import run_correctness
     from .ops.cache_write import cache_write
-    from .ops.paged_attention import DecodePlan, decode_attention, plan_decode, prefill_attention
+    from .ops.paged_attention import DecodePlan, decode_attention, plan_decode
+    from .ops.prefill_attention import PrefillConfig, prefill_attention
 
 _LAZY_EXPORTS = {
     "PagedKVCache": "._cache",
@@ -35,7 +36,8 @@ _LAZY_EXPORTS = {
     "DecodePlan": ".ops.paged_attention",
     "decode_attention": ".ops.paged_attention",
     "plan_decode": ".ops.paged_attention",
-    "prefill_attention": ".ops.paged_attention",
+    "PrefillConfig": ".ops.prefill_attention",
+    "prefill_attention": ".ops.prefill_attention",
     "run_correctness": "._check",
 }
 
@@ -45,6 +47,7 @@ __all__ = [
     "KVQuantError",
     "KernelUnavailableError",
     "PagedKVCache",
+    "PrefillConfig",
     "allocate_cache",
     "cache_write",
     "decode_attention",

@@ -1,6 +1,6 @@
 """Paged attention over the INT8 (or 16-bit) cache: decode with split-KV, and varlen prefill.
 
-Two kernels share one tile loader (``_load_tile``). A program owns one kv head and all query
+Two kernels share one tile loader (``load_tile``). A program owns one kv head and all query
 heads that share it (decode), times a block of query tokens (prefill), so each K/V byte is loaded
 once per tile. It walks KV tiles of TILE_N tokens with an online softmax. Prefill puts its query
 rows along the dots' M dimension (``_attend_tiles``); decode has only the group's few query heads,
@@ -35,7 +35,6 @@ INT8 specifics (why they are done this way):
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,29 +52,41 @@ from ._common import (
     aligned,
     check_runnable,
     check_target,
-    check_tensor,
     clear_launch_caches,
     kernel_launcher,
     launch,
     make_spec,
     next_power_of_2,
     page_shift,
-    pointer,
     resident_programs,
     runtime_target,
 )
+from ._paged_tiles import (
+    FREE_STRIDES,
+    LOG2E,
+    PAGE_RUN,
+    apply_softcap,
+    as_output,
+    attention_types,
+    check_attention_inputs,
+    check_block_table,
+    dot_16bit,
+    float_from_bits,
+    index_tensor,
+    kernel_operand,
+    load_tile,
+    scale_tensors,
+    shared_constexprs,
+    softmax_step,
+    v_weights,
+    widen_codes,
+)
+from .prefill_attention import prefill_spec
 
-# Scores are kept in log2 units so the softmax can use exp2.
-_LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 # The fp16 P x V decode (USE_FP16_PV) moves its running max only when a tile's scores pass it by
 # more than this (log2 units), and its V reference only when a tile's V scale passes it: P then
 # stays below 127 * 2**8 = 32,512, inside fp16 (65,504), and most tiles skip the rescale.
 _FP16_PV_HEADROOM: tl.constexpr = tl.constexpr(8.0)
-# Every supported block size is a multiple of 16, so a page holds whole runs of 16 keys: within a
-# run the page base is constant and the in-page offsets are contiguous. The attention kernels
-# state that much (the block size itself is a runtime argument), so one compiled variant serves
-# every block size, except INT8 at block 16, whose V loads go page by page (V_PAGEWISE).
-_PAGE_RUN: tl.constexpr = tl.constexpr(16)
 
 # Decode launch shape on CUDA and under the interpreter (`_decode_shape`): one warp per program
 # where its state fits, so no barrier crosses warps inside the tile loop. A second warp comes in
@@ -108,7 +119,7 @@ _DECODE_COLUMNS_MAX: dict[str, int] = {"cuda": 8, "interpreter": 8}
 # 64 keys of the group: MQA 32/1 2 x 1,200 / 1,111 instructions on 2 warps against 4 x 1,064 /
 # 1,078 for the four 8-column programs; 16/1 2 x 831 / 779 against 2 x 1,064 / 1,078 (NOTES.md,
 # "The fp16 P x V decode"). Not timed yet. CUDA only: the V codes are widened by PTX
-# (`_widen_codes`); gfx90a keeps the integer dots (its MFMA takes int8 at the fp16 rate;
+# (`widen_codes`); gfx90a keeps the integer dots (its MFMA takes int8 at the fp16 rate;
 # nothing timed there). The interpreter follows CUDA.
 _FP16_PV_MIN_COLUMNS: dict[str, int] = {"cuda": 16, "interpreter": 16}
 _FP16_PV_COLUMNS_MAX = 32
@@ -122,14 +133,6 @@ _FP16_PV_COLUMNS_MAX = 32
 # bytes there with 3.9, head 256 up to 400 (4 warps: 248). Chosen on resource use; not timed.
 _FP16_PV_ACC_ELEMENTS = 64
 _FP16_PV_V_LOAD_COLUMNS = 2048
-# Query rows (query tokens x query heads of one kv head) per prefill program.
-_PREFILL_ROWS = 64
-# Prefill KV tile and pipeline stages (CUDA), from the H200 `--prefill` sweep (NOTES.md, session
-# 3; batch 4, 2048 cached + 2048 new tokens): tile 64 with 2 stages took 4.08 ms INT8 / 3.23 ms
-# bf16 against 4.32 / 5.56 ms for the decode's tile 128 with 3 stages, and leaves no stack frame
-# in the sm_90 build (120 bytes before, at head 128).
-_PREFILL_TILE_N = 64
-_PREFILL_STAGES = 2
 # Split-KV choice (version 7, NOTES.md). Decode programs start in waves of `slots` (SMs times
 # the programs one SM holds, from the compiled kernel: the one-split variant's own for one
 # split, session 11); a split count s costs about
@@ -153,234 +156,6 @@ _DECODE_STAGES = 3
 _NUM_STAGES_HIP = 1
 # Splits the reducer combines per step; the split count itself is a runtime argument.
 _SPLIT_TILE = 16
-
-
-@triton.jit
-def _load_tile(
-    tile,
-    first_key,
-    last_key,
-    k_ptr,
-    v_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    block_table_row,  # pointer to this sequence's block-table row
-    head_k,  # kv head times its stride in K, V and the scales (int64)
-    head_v,
-    head_s,
-    block_size,
-    block_shift,  # log2(block_size)
-    stride_k_b,
-    stride_v_b,
-    stride_s_b,
-    HEAD_SIZE: tl.constexpr,
-    HEAD_PAD: tl.constexpr,
-    TILE_N: tl.constexpr,
-    QUANTIZED: tl.constexpr,
-    V_PAGEWISE: tl.constexpr,
-):
-    """KV tile ``tile``: (keys, key_valid, K [N, D], V [D, N], K scales, V scales, finite V).
-
-    Addressing: one page of one kv head is contiguous (K [block_size, HEAD], V^T [HEAD,
-    block_size]), so a token's address is its page's base plus a 32-bit in-page offset. The page
-    base is constant over each run of _PAGE_RUN keys and a multiple of 16 (every cache stride is,
-    block_size >= 16): the hints let both tiles load as 16-byte vectors. Loads are unmasked over
-    whole pages (a key past the end reads its page's stale slot, or page 0 for a page past the
-    end); callers remove keys that are not valid from scores, P and (16-bit) V. INT8: V scales
-    of keys that are not valid are 0; a key whose V scale is not finite gets a NaN K scale.
-    16-bit: the scales are zeros, never read.
-    """
-    dims = tl.arange(0, HEAD_PAD)
-    dim_valid = dims < HEAD_SIZE
-    keys = tile * TILE_N + tl.arange(0, TILE_N)  # [N]
-    key_valid = (keys >= first_key) & (keys <= last_key)
-    if V_PAGEWISE:  # block_size == _PAGE_RUN; constant arithmetic keeps its decode 1-2% faster
-        page_index = keys // _PAGE_RUN
-        slot = keys % _PAGE_RUN
-    else:
-        page_index = keys >> block_shift
-        slot = keys & (block_size - 1)
-        slot = tl.max_contiguous(tl.multiple_of(slot, _PAGE_RUN), _PAGE_RUN)
-    page = tl.load(block_table_row + page_index, mask=keys <= last_key, other=0)
-    page = page.to(tl.int64)
-    k_base = tl.multiple_of(tl.max_constancy(page * stride_k_b + head_k, _PAGE_RUN), 16)
-    # K tile [N, D], token-major.
-    k_offsets = k_base[:, None] + (slot * HEAD_SIZE)[:, None] + dims[None, :]
-    if V_PAGEWISE:
-        # block_size == _PAGE_RUN. A page row of V (one dim, 16 keys) is under a 32-byte
-        # sector. Loaded as [D, N], each thread of a quarter-warp would read a different page
-        # and every sector would be fetched twice; loaded page by page, [PAGES, D, 16],
-        # consecutive threads read consecutive rows of one page. Then viewed as [D, N].
-        tile_pages = tile * (TILE_N // _PAGE_RUN) + tl.arange(0, TILE_N // _PAGE_RUN)
-        v_page = tl.load(
-            block_table_row + tile_pages, mask=tile_pages * _PAGE_RUN <= last_key, other=0
-        )
-        v_base = tl.multiple_of(v_page.to(tl.int64) * stride_v_b + head_v, 16)
-        v_offsets = (
-            v_base[:, None, None]
-            + (dims * _PAGE_RUN)[None, :, None]
-            + tl.arange(0, _PAGE_RUN)[None, None, :]
-        )
-    else:
-        # V tile [D, N], transposed within the page.
-        v_base = tl.multiple_of(tl.max_constancy(page * stride_v_b + head_v, _PAGE_RUN), 16)
-        v_offsets = v_base[None, :] + (dims * block_size)[:, None] + slot[None, :]
-    if HEAD_SIZE == HEAD_PAD:
-        k = tl.load(k_ptr + k_offsets)
-    else:  # padded dims would read the next token's bytes, or past the cache's end
-        k = tl.load(k_ptr + k_offsets, mask=dim_valid[None, :], other=0)
-    if V_PAGEWISE:
-        v = tl.load(v_ptr + v_offsets, mask=dim_valid[None, :, None], other=0)
-        v = tl.reshape(tl.permute(v, (1, 0, 2)), [HEAD_PAD, TILE_N])
-    else:
-        v = tl.load(v_ptr + v_offsets, mask=dim_valid[:, None], other=0)
-    if QUANTIZED:
-        s_base = tl.multiple_of(tl.max_constancy(page * stride_s_b + head_s, _PAGE_RUN), 16)
-        k_scale = tl.load(k_scale_ptr + s_base + slot)
-        # Stale scales of masked keys may be anything, inf included: zero them.
-        v_scale = tl.where(key_valid, tl.load(v_scale_ptr + s_base + slot), 0.0)
-        # A non-finite V scale (poisoned token) cannot reach the int8 P tile; it makes the
-        # key's scores NaN instead, so exactly the rows that see the token turn NaN.
-        finite_v = v_scale - v_scale == 0.0
-        k_scale = tl.where(finite_v, k_scale, float("nan"))
-    else:
-        k_scale = tl.zeros([TILE_N], tl.float32)
-        v_scale = k_scale
-        finite_v = key_valid
-    return keys, key_valid, k, v, k_scale, v_scale, finite_v
-
-
-@triton.jit
-def _softcap(scores, softcap):
-    """softcap * tanh(scores / softcap) in log2 units, tanh through exp2 so large |s| saturate."""
-    two_x = scores * (2.0 * _LOG2E / softcap)
-    return softcap * (1.0 - 2.0 / (tl.exp2(two_x) + 1.0)) * _LOG2E
-
-
-@triton.jit
-def _softmax_step(scores, running_max, running_sum, KEY_AXIS: tl.constexpr):
-    """One tile of the online softmax, in log2 units, keys along KEY_AXIS of ``scores``.
-
-    Returns (P, the factor for the accumulator so far, new running max, new running sum). A query
-    that has seen no visible key yet keeps max -inf, and its P is 0.
-    """
-    new_max = tl.maximum(running_max, tl.max(scores, axis=KEY_AXIS))
-    safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-    correction = tl.exp2(running_max - safe_max)
-    p = tl.exp2(scores - tl.expand_dims(safe_max, KEY_AXIS))
-    return p, correction, new_max, running_sum * correction + tl.sum(p, axis=KEY_AXIS)
-
-
-@triton.jit
-def _v_weights(v_scale, finite_v):
-    """INT8 P tile: each key's V scale over the tile's largest finite one, x127; that largest."""
-    tile_v_max = tl.maximum(tl.max(tl.where(finite_v, v_scale, 0.0), axis=0), 1e-6)
-    return tl.where(finite_v, v_scale * (127.0 / tile_v_max), 0.0), tile_v_max
-
-
-@triton.jit
-def _attend_tiles(
-    q,  # [ROWS, HEAD_PAD] high int8 part (INT8 cache), else the cache dtype
-    q_low,  # [ROWS, HEAD_PAD] low int8 part (INT8 cache); unused otherwise
-    score_scale,  # [ROWS] softmax scale (times log2(e) unless softcap) and the query's scale
-    row_pos,  # [ROWS] key position of each row's query token (the causal mask)
-    tile_lo,
-    tile_hi,
-    first_key,
-    last_key,
-    k_ptr,
-    v_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    block_table_row,  # pointer to this sequence's block-table row
-    kv_head,
-    softcap,  # > 0: logits become softcap * tanh(logits / softcap)
-    sliding_window,  # > 0: rows see only their newest sliding_window keys
-    block_size,
-    block_shift,  # log2(block_size)
-    stride_k_b,
-    stride_k_h,
-    stride_v_b,
-    stride_v_h,
-    stride_s_b,
-    stride_s_h,
-    ROWS: tl.constexpr,
-    HEAD_SIZE: tl.constexpr,
-    HEAD_PAD: tl.constexpr,
-    TILE_N: tl.constexpr,
-    QUANTIZED: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    V_PAGEWISE: tl.constexpr,
-):
-    """Prefill: online softmax over KV tiles [tile_lo, tile_hi); returns (acc, max, sum).
-
-    Query rows along the dots' M dimension: scores [ROWS, N], accumulator [ROWS, HEAD_PAD].
-    """
-    running_max = tl.full([ROWS], float("-inf"), tl.float32)
-    running_sum = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, HEAD_PAD], tl.float32)
-    head_k = kv_head.to(tl.int64) * stride_k_h
-    head_v = kv_head.to(tl.int64) * stride_v_h
-    head_s = kv_head.to(tl.int64) * stride_s_h
-    for tile in range(tile_lo, tile_hi):
-        keys, key_valid, k, v, k_scale, v_scale, finite_v = _load_tile(
-            tile,
-            first_key,
-            last_key,
-            k_ptr,
-            v_ptr,
-            k_scale_ptr,
-            v_scale_ptr,
-            block_table_row,
-            head_k,
-            head_v,
-            head_s,
-            block_size,
-            block_shift,
-            stride_k_b,
-            stride_v_b,
-            stride_s_b,
-            HEAD_SIZE,
-            HEAD_PAD,
-            TILE_N,
-            QUANTIZED,
-            V_PAGEWISE,
-        )
-        if QUANTIZED:
-            k_t = tl.trans(k)
-            qk = tl.dot(q_low, k_t, tl.dot(q, k_t) * 254, out_dtype=tl.int32)  # exact in int32
-            scores = qk.to(tl.float32) * score_scale[:, None] * k_scale[None, :]
-        elif DOT_IN_FP32:
-            scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-            scores = scores * score_scale[:, None]
-        else:
-            scores = tl.dot(q, tl.trans(k)) * score_scale[:, None]
-        if softcap > 0:
-            scores = _softcap(scores, softcap)
-        visible = key_valid[None, :] & (keys[None, :] <= row_pos[:, None])
-        if sliding_window > 0:
-            visible &= keys[None, :] > row_pos[:, None] - sliding_window
-        scores = tl.where(visible, scores, float("-inf"))
-
-        p, correction, running_max, running_sum = _softmax_step(scores, running_max, running_sum, 1)
-        if QUANTIZED:
-            # P in [0, 1] goes to the dot as two int8 tiles, each column times its V weight;
-            # the tile's largest V scale multiplies the [rows, head] result instead.
-            v_weight, tile_v_max = _v_weights(v_scale, finite_v)
-            p_hi, p_lo = _split_to_int8(p * v_weight[None, :])
-            v_t = tl.trans(v)
-            pv = tl.dot(p_lo, v_t, tl.dot(p_hi, v_t) * 254, out_dtype=tl.int32)  # exact in int32
-            acc = acc * correction[:, None] + pv.to(tl.float32) * (tile_v_max / (127.0 * 254.0))
-        else:
-            v = tl.where(key_valid[None, :], v, 0.0)  # stale slots may hold NaN/inf
-            p = p.to(v.dtype)
-            if DOT_IN_FP32:
-                # Rounded to the cache dtype first, as on the GPU path, then multiplied exactly.
-                pv = tl.dot(p.to(tl.float32), tl.trans(v.to(tl.float32)), input_precision="ieee")
-                acc = acc * correction[:, None] + pv
-            else:
-                acc = acc * correction[:, None] + tl.dot(p, tl.trans(v))
-    return acc, running_max, running_sum
 
 
 @triton.jit
@@ -432,7 +207,7 @@ def _decode_tiles(
     head_v = kv_head.to(tl.int64) * stride_v_h
     head_s = kv_head.to(tl.int64) * stride_s_h
     for tile in range(tile_lo, tile_hi):
-        _, key_valid, k, v, k_scale, v_scale, finite_v = _load_tile(
+        _, key_valid, k, v, k_scale, v_scale, finite_v = load_tile(
             tile,
             first_key,
             last_key,
@@ -464,7 +239,7 @@ def _decode_tiles(
         else:
             scores = tl.dot(k, q_t) * score_scale[None, :]
         if softcap > 0:
-            scores = _softcap(scores, softcap)
+            scores = apply_softcap(scores, softcap)
         scores = tl.where(key_valid[:, None], scores, float("-inf"))
 
         if USE_FP16_PV:
@@ -473,11 +248,11 @@ def _decode_tiles(
                 DOT_IN_FP32,
             )  # fmt: skip
         else:
-            p, correction, running_max, running_sum = _softmax_step(
+            p, correction, running_max, running_sum = softmax_step(
                 scores, running_max, running_sum, 0
             )
             if QUANTIZED:
-                v_weight, tile_v_max = _v_weights(v_scale, finite_v)
+                v_weight, tile_v_max = v_weights(v_scale, finite_v)
                 p_hi, p_lo = _split_to_int8(p * v_weight[:, None])
                 pv = tl.dot(v, p_lo, tl.dot(v, p_hi) * 254, out_dtype=tl.int32)  # exact in int32
                 acc = acc * correction[None, :] + pv.to(tl.float32) * (tile_v_max / (127.0 * 254.0))
@@ -530,43 +305,8 @@ def _fp16_pv_step(
         exponents = scores - safe_max[None, :]
     p = tl.exp2(exponents)
     p_weighted = (p * (v_scale * (127.0 / v_reference))[:, None]).to(tl.float16)
-    acc += _fp16_dot(_widen_codes(v, DOT_IN_FP32), p_weighted, DOT_IN_FP32)
+    acc += dot_16bit(widen_codes(v, not DOT_IN_FP32), p_weighted, DOT_IN_FP32)
     return acc, running_max, running_sum + tl.sum(p, axis=0), v_reference
-
-
-@triton.jit
-def _widen_codes(codes, DOT_IN_FP32: tl.constexpr):
-    """int8 codes as fp16, exactly. PTX, 5 instructions per 4 codes: each code, its sign bit
-    flipped (code + 128), becomes the low mantissa byte of 1024.0, and 1152 is subtracted.
-    Triton's own int8 -> fp16 conversion takes 3.5-4 per code on sm_90 (sign extension, I2F,
-    repacking). The interpreter runs no PTX: it converts."""
-    if DOT_IN_FP32:
-        return codes.to(tl.float16)
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .b32 biased, magic;
-        xor.b32 biased, $2, 0x80808080;
-        prmt.b32 $0, biased, 0x64646464, 0x4140;
-        prmt.b32 $1, biased, 0x64646464, 0x4342;
-        mov.b32 magic, 0x64806480;
-        sub.f16x2 $0, $0, magic;
-        sub.f16x2 $1, $1, magic;
-        }""",
-        "=r,=r,r",
-        [codes],
-        dtype=tl.float16,
-        is_pure=True,
-        pack=4,
-    )
-
-
-@triton.jit
-def _fp16_dot(a, b, DOT_IN_FP32: tl.constexpr):
-    """fp16 tiles multiplied with fp32 sums; under the interpreter widened to fp32 first (the
-    products of fp16 values are exact in fp32, as on the tensor cores)."""
-    if DOT_IN_FP32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b)
 
 
 @triton.jit
@@ -578,41 +318,16 @@ def _split_to_int8(x):
 
 
 @triton.jit
-def _float_from_bits(bits, is_bf16):
-    """fp32 values of 16-bit floats held as int16 bits: bf16 where is_bf16 != 0, else fp16."""
-    as_bf16 = (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    as_fp16 = bits.to(tl.float16, bitcast=True).to(tl.float32)
-    return tl.where(is_bf16 != 0, as_bf16, as_fp16)
-
-
-@triton.jit
-def _bits_from_float(x, is_bf16):
-    """int16 bits of x rounded to bf16 where is_bf16 != 0, else to fp16."""
-    as_bf16 = x.to(tl.bfloat16).to(tl.int16, bitcast=True)
-    as_fp16 = x.to(tl.float16).to(tl.int16, bitcast=True)
-    return tl.where(is_bf16 != 0, as_bf16, as_fp16)
-
-
-@triton.jit
-def _as_output(result, out_ptr, query_bf16):
-    """An fp32 result as ``out_ptr`` holds it: the model dtype's int16 bits where the INT8
-    kernels take their output as bits (see `_attention_types`), else ``out_ptr``'s dtype."""
-    if out_ptr.dtype.element_ty == tl.int16:
-        result = _bits_from_float(result, query_bf16)
-    return result.to(out_ptr.dtype.element_ty)
-
-
-@triton.jit
 def _prepare_query(q, query_bf16, softmax_scale, softcap, QUANTIZED: tl.constexpr):
     """(query operand, its low part or the query again, per-row score scale in log2 units).
 
-    INT8 cache: the query comes as int16 bits (see `_attention_types`); each row is scaled to
+    INT8 cache: the query comes as int16 bits (see `attention_types`); each row is scaled to
     [-127, 127] and split into two int8 tiles (14 bits, finer than fp16's 11) for exact int8
     dots; the row's scale / 254 goes into its score scale. A row with NaN or inf gets a NaN
     score scale, so only that row's output is NaN.
     """
     if QUANTIZED:
-        q32 = _float_from_bits(q, query_bf16)
+        q32 = float_from_bits(q, query_bf16)
         row_absmax = tl.max(tl.abs(q32), axis=1)
         finite = tl.max(tl.where(q32 - q32 == 0.0, 0.0, 1.0), axis=1) == 0.0
         to_codes = tl.where(row_absmax > 0.0, 127.0 / row_absmax, 0.0)
@@ -622,7 +337,7 @@ def _prepare_query(q, query_bf16, softmax_scale, softcap, QUANTIZED: tl.constexp
         q_low = q
         row_scale = tl.zeros([q.shape[0]], tl.float32) + softmax_scale
     if softcap <= 0:
-        row_scale = row_scale * _LOG2E
+        row_scale = row_scale * LOG2E
     return q, q_low, row_scale
 
 
@@ -752,7 +467,7 @@ def _decode_kernel(
         o_offsets = seq.to(tl.int64) * stride_o_t + row_head.to(tl.int64)[None, :] * stride_o_h
         tl.store(
             out_ptr + o_offsets + dims[:, None],
-            _as_output(acc / running_sum[None, :], out_ptr, query_bf16),
+            as_output(acc / running_sum[None, :], out_ptr, query_bf16),
             mask=dim_valid[:, None] & row_valid[None, :],
         )
     else:
@@ -766,130 +481,6 @@ def _decode_kernel(
             acc,
             mask=dim_valid[:, None] & row_valid[None, :],
         )
-
-
-@triton.jit(
-    do_not_specialize=[
-        "sliding_window",
-        "group",
-        "block_q",
-        "query_bf16",
-        "block_shift",
-        "stride_bt",
-    ]
-)
-def _prefill_kernel(
-    # Outputs
-    out_ptr,  # [total_q, num_q_heads, head_size] query dtype
-    # Inputs
-    q_ptr,  # [total_q, num_q_heads, head_size] fp16/bf16
-    k_ptr,  # [num_blocks, num_kv_heads, block_size, head_size] int8 or query dtype
-    v_ptr,  # [num_blocks, num_kv_heads, head_size, block_size]
-    k_scale_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; iff QUANTIZED, else any pointer
-    v_scale_ptr,
-    block_table_ptr,  # [num_seqs, max_blocks_per_seq] int32
-    seq_lens_ptr,  # [num_seqs] int32, keys per sequence, the new tokens included
-    cu_seqlens_q_ptr,  # [num_seqs + 1] int32
-    tile_seq_ptr,  # [grid0] int32, sequence of each query tile
-    tile_start_ptr,  # [grid0] int32, first query token of the tile, within its sequence
-    # Scalars
-    softmax_scale,
-    softcap,  # > 0 turns the logit softcap on
-    sliding_window,  # > 0 turns the sliding window on
-    group,  # query heads per kv head
-    block_q,  # query tokens per program: ROWS // group
-    query_bf16,  # INT8 cache: 1 if the int16 query and output bits are bf16, 0: fp16
-    block_size,  # a power of two, >= 16; 16 when V_PAGEWISE
-    block_shift,  # log2(block_size)
-    # Strides
-    stride_q_t: tl.int64,
-    stride_q_h: tl.int64,
-    stride_o_t: tl.int64,
-    stride_o_h: tl.int64,
-    stride_k_b: tl.int64,
-    stride_k_h: tl.int64,
-    stride_v_b: tl.int64,
-    stride_v_h: tl.int64,
-    stride_s_b: tl.int64,
-    stride_s_h: tl.int64,
-    stride_bt: tl.int64,
-    # Shapes and features
-    HEAD_SIZE: tl.constexpr,
-    HEAD_PAD: tl.constexpr,
-    ROWS: tl.constexpr,
-    TILE_N: tl.constexpr,
-    QUANTIZED: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    V_PAGEWISE: tl.constexpr,
-):
-    """One (query tile, kv head): block_q query tokens x all ``group`` query heads, causal."""
-    kv_head = tl.program_id(1)
-    seq = tl.load(tile_seq_ptr + tl.program_id(0))
-    q_first = tl.load(cu_seqlens_q_ptr + seq)
-    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_first
-    tile_start = tl.load(tile_start_ptr + tl.program_id(0))
-    seq_len = tl.load(seq_lens_ptr + seq)
-
-    # ---- Query rows: row r is query token r // group, query head r % group ----
-    # The group is a runtime value, so one compiled kernel serves every GQA ratio; rows past
-    # block_q * group (a ratio that does not divide ROWS) stay idle.
-    rows = tl.arange(0, ROWS)
-    row_token = tile_start + rows // group  # within the sequence's new tokens
-    row_head = kv_head * group + rows % group
-    row_valid = (row_token < q_len) & (rows < block_q * group)
-    row_pos = seq_len - q_len + row_token  # key position of the query token itself
-    dims = tl.arange(0, HEAD_PAD)
-    dim_valid = dims < HEAD_SIZE
-    q_offsets = (q_first + row_token).to(tl.int64)[:, None] * stride_q_t
-    q_offsets += row_head.to(tl.int64)[:, None] * stride_q_h + dims[None, :]
-    q = tl.load(q_ptr + q_offsets, mask=row_valid[:, None] & dim_valid[None, :], other=0)
-    q, q_low, score_scale = _prepare_query(q, query_bf16, softmax_scale, softcap, QUANTIZED)
-
-    last_key = seq_len - q_len + tl.minimum(tile_start + block_q, q_len) - 1
-    window_first = tl.maximum(seq_len - q_len + tile_start - sliding_window + 1, 0)
-    first_key = tl.where(sliding_window > 0, window_first, 0)
-    acc, _, running_sum = _attend_tiles(
-        q,
-        q_low,
-        score_scale,
-        row_pos,
-        first_key // TILE_N,
-        last_key // TILE_N + 1,
-        first_key,
-        last_key,
-        k_ptr,
-        v_ptr,
-        k_scale_ptr,
-        v_scale_ptr,
-        block_table_ptr + seq.to(tl.int64) * stride_bt,
-        kv_head,
-        softcap,
-        sliding_window,
-        block_size,
-        block_shift,
-        stride_k_b,
-        stride_k_h,
-        stride_v_b,
-        stride_v_h,
-        stride_s_b,
-        stride_s_h,
-        ROWS,
-        HEAD_SIZE,
-        HEAD_PAD,
-        TILE_N,
-        QUANTIZED,
-        DOT_IN_FP32,
-        V_PAGEWISE,
-    )
-
-    # ---- Epilogue ----
-    out_rows = (q_first + row_token).to(tl.int64)
-    o_offsets = out_rows[:, None] * stride_o_t + row_head.to(tl.int64)[:, None] * stride_o_h
-    tl.store(
-        out_ptr + o_offsets + dims[None, :],
-        _as_output(acc / running_sum[:, None], out_ptr, query_bf16),
-        mask=row_valid[:, None] & dim_valid[None, :],
-    )
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -991,138 +582,8 @@ def _device_slots(spec: KernelSpec, device: torch.device) -> int:
     return _decode_slots[key]
 
 
-def _check_attention_inputs(
-    query: torch.Tensor,
-    cache: PagedKVCache,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    softmax_scale: float,
-    sliding_window: int | None,
-    softcap: float | None,
-    out: torch.Tensor | None,
-) -> None:
-    device = cache.device
-    num_seqs = seq_lens.shape[0] if isinstance(seq_lens, torch.Tensor) and seq_lens.dim() else 0
-    check_tensor(
-        "query", query, dtypes=ACTIVATION_DTYPES, shape=(None, None, cache.head_size), device=device
-    )
-    num_q_heads = query.shape[1]
-    if num_q_heads % cache.num_kv_heads != 0:
-        raise InvalidInputError(
-            f"`query` has {num_q_heads} heads; expected a multiple of the cache's "
-            f"{cache.num_kv_heads} kv heads"
-        )
-    if query.stride(-1) != 1:
-        raise InvalidInputError("`query` must have a contiguous last (head) dimension")
-    if not cache.is_quantized and cache.dtype != query.dtype:
-        raise InvalidInputError(
-            f"`query` has dtype {query.dtype}; a 16-bit cache of {cache.dtype} needs the same"
-        )
-    check_tensor(
-        "seq_lens", seq_lens, dtypes=(torch.int32, torch.int64), shape=(num_seqs,), device=device
-    )
-    check_tensor(
-        "block_table", block_table, dtypes=(torch.int32,), shape=(num_seqs, None), device=device
-    )
-    if block_table.stride(-1) != 1:
-        raise InvalidInputError("`block_table` must have a contiguous last dimension")
-    if out is not None:
-        check_tensor(
-            "out", out, dtypes=(query.dtype, torch.float32), shape=tuple(query.shape), device=device
-        )
-        if out.stride(-1) != 1:
-            raise InvalidInputError("`out` must have a contiguous last (head) dimension")
-    if not softmax_scale > 0:
-        raise InvalidInputError(f"`softmax_scale` is {softmax_scale}; expected > 0")
-    if sliding_window is not None and sliding_window < 1:
-        raise InvalidInputError(f"`sliding_window` is {sliding_window}; expected >= 1 or None")
-    if softcap is not None and not softcap > 0:
-        raise InvalidInputError(f"`softcap` is {softcap}; expected > 0 or None")
-
-
-def _check_block_table(
-    cache: PagedKVCache, block_table: torch.Tensor, seq_lens: torch.Tensor
-) -> int:
-    """Check every page a sequence uses lies in the cache (one host sync); return max seq_len."""
-    if seq_lens.numel() == 0:
-        return 0
-    pages_needed = (seq_lens.long() + cache.block_size - 1) // cache.block_size
-    columns = torch.arange(block_table.shape[1], device=block_table.device)
-    used = columns[None, :] < pages_needed[:, None]
-    outside = used & ((block_table < 0) | (block_table >= cache.num_blocks))
-    stats = torch.stack(
-        [seq_lens.max().long(), seq_lens.min().long(), pages_needed.max(), outside.sum()]
-    )
-    max_len, min_len, max_pages, outside_count = stats.tolist()
-    if min_len < 0:
-        raise InvalidInputError(f"`seq_lens` holds {min_len}; expected >= 0")
-    if max_pages > block_table.shape[1]:
-        raise InvalidInputError(
-            f"`seq_lens` holds {max_len}, which needs {max_pages} pages; `block_table` has "
-            f"{block_table.shape[1]} columns"
-        )
-    if outside_count:
-        raise InvalidInputError(
-            f"`block_table` points past the cache in {outside_count} used entries; expected "
-            f"pages in [0, {cache.num_blocks})"
-        )
-    return int(max_len)
-
-
-def _attention_types(
-    kernel_params: str, model_dtype: torch.dtype, cache_dtype: torch.dtype, out_dtype: torch.dtype
-) -> dict[str, str]:
-    """Triton types of the attention kernels' runtime parameters, by name."""
-    quantized = cache_dtype == torch.int8
-    # The INT8 kernels convert the query to fp32 first and round only their output, so they take
-    # both as int16 bits and a runtime `query_bf16`: one compiled variant per model dtype pair.
-    as_bits = quantized and out_dtype in ACTIVATION_DTYPES
-    known = {
-        "out_ptr": pointer(torch.int16 if as_bits else out_dtype),
-        "partial_acc_ptr": pointer(torch.float32),
-        "partial_max_ptr": pointer(torch.float32),
-        "partial_sum_ptr": pointer(torch.float32),
-        "q_ptr": pointer(torch.int16 if quantized else model_dtype),
-        "k_ptr": pointer(cache_dtype),
-        "v_ptr": pointer(cache_dtype),
-        # A 16-bit cache has no scales: the launcher passes its K tensor, never dereferenced.
-        "k_scale_ptr": pointer(torch.float32 if quantized else cache_dtype),
-        "v_scale_ptr": pointer(torch.float32 if quantized else cache_dtype),
-        "block_table_ptr": pointer(torch.int32),
-        "seq_lens_ptr": pointer(torch.int32),
-        "cu_seqlens_q_ptr": pointer(torch.int32),
-        "tile_seq_ptr": pointer(torch.int32),
-        "tile_start_ptr": pointer(torch.int32),
-        "softmax_scale": "fp32",
-        "softcap": "fp32",
-        "sliding_window": "i32",
-        "num_splits": "i32",
-        "tiles_per_split": "i32",
-        "group": "i32",
-        "block_q": "i32",
-        "query_bf16": "i32",
-        "head_size": "i32",
-        "block_size": "i32",
-        "block_shift": "i32",
-    }
-    return {
-        name: known[name] if not name.startswith("stride_") else "i64"
-        for name in kernel_params.split()
-    }
-
-
 def _decode_stages(target: str) -> int:
     return _NUM_STAGES_HIP if target == "hip" else _DECODE_STAGES
-
-
-# Prefill at head 256 runs out of shared memory when pipelined. On sm_90 (AOT compile, Triton
-# 3.9, GQA 8, block 16) the 16-bit kernel needs 295,424 bytes at 3 stages and 294,912 at 2, past
-# the H200's 232,448 (the H200 run of `kvquant check --full` failed with the first figure);
-# 1 stage needs 98,304. INT8 at 3 stages needs 230,912, too close to the limit to keep.
-def _prefill_stages(head_size: int, target: str) -> int:
-    if target == "hip" or next_power_of_2(head_size) >= 256:
-        return 1
-    return _PREFILL_STAGES
 
 
 def _decode_shape(
@@ -1135,7 +596,7 @@ def _decode_shape(
     num_warps = min(max(head_pad * columns // (_DECODE_ACC_ELEMENTS * 32), 1), 2)
     lane_bytes = _DECODE_TILE_BYTES[cache_dtype.itemsize]
     tile_n = lane_bytes * 32 // (head_pad * cache_dtype.itemsize) // num_warps
-    return min(max(tile_n, _PAGE_RUN.value * num_warps), _DECODE_TILE_N_MAX), num_warps
+    return min(max(tile_n, PAGE_RUN.value * num_warps), _DECODE_TILE_N_MAX), num_warps
 
 
 def _decode_columns(gqa: int, target: str, quantized: bool, fp16_pv: bool) -> int:
@@ -1169,33 +630,6 @@ def _head_blocks(gqa: int, columns: int) -> int:
     return -(-gqa // columns)
 
 
-def _prefill_rows(gqa: int) -> int:
-    """Prefill query rows per program: _PREFILL_ROWS, or the whole group when it is larger."""
-    return max(next_power_of_2(gqa), _PREFILL_ROWS)
-
-
-def _shared_constexprs(
-    head_size: int, block_size: int, cache_dtype: torch.dtype, target: str
-) -> dict[str, int | float | bool]:
-    quantized = cache_dtype == torch.int8
-    return {
-        # The head size stays a compile-time value here: as a runtime one (masks on every load)
-        # the INT8 decode ran 7-11% slower on the H200 at head 80 and 128 (NOTES.md, session 5).
-        "HEAD_SIZE": head_size,
-        "HEAD_PAD": next_power_of_2(head_size),
-        "QUANTIZED": quantized,
-        # Triton's interpreter multiplies bf16 tiles as raw integers; give it fp32 (exact here).
-        "DOT_IN_FP32": target == "interpreter" and not quantized,
-        # Page-by-page V loads when a page row is under a sector: INT8 at block 16 (1.58 ->
-        # 1.28 ms at batch 64 / 32k on the H200); bf16 rows of 32 bytes ran 5% slower that way.
-        # The only block-size specialization: the kernels take the block size at run time.
-        "V_PAGEWISE": block_size * (1 if quantized else 2) < 32,
-    }
-
-
-# The block table's row stride is the caller's max blocks per sequence: any value.
-_FREE_STRIDES = ("stride_bt",)
-
 _RUNTIME_PARAMS = {
     "decode_attention": (
         "out_ptr partial_acc_ptr partial_max_ptr partial_sum_ptr q_ptr k_ptr v_ptr k_scale_ptr "
@@ -1203,12 +637,6 @@ _RUNTIME_PARAMS = {
         "num_splits tiles_per_split group query_bf16 block_size block_shift stride_q_t stride_q_h "
         "stride_o_t stride_o_h stride_k_b stride_k_h stride_v_b stride_v_h stride_s_b stride_s_h "
         "stride_bt"
-    ),
-    "prefill_attention": (
-        "out_ptr q_ptr k_ptr v_ptr k_scale_ptr v_scale_ptr block_table_ptr seq_lens_ptr "
-        "cu_seqlens_q_ptr tile_seq_ptr tile_start_ptr softmax_scale softcap sliding_window group "
-        "block_q query_bf16 block_size block_shift stride_q_t stride_q_h stride_o_t stride_o_h "
-        "stride_k_b stride_k_h stride_v_b stride_v_h stride_s_b stride_s_h stride_bt"
     ),
     "reduce_splits": (
         "out_ptr partial_acc_ptr partial_max_ptr partial_sum_ptr num_splits head_size stride_o_t "
@@ -1245,7 +673,7 @@ def decode_spec(
             f"`fp16_pv` is True for a {cache_dtype} cache on {target}; the fp16 P x V decode "
             f"takes an INT8 cache on {' or '.join(_FP16_PV_MIN_COLUMNS)}"
         )
-    constexprs = _shared_constexprs(head_size, block_size, cache_dtype, target)
+    constexprs = shared_constexprs(head_size, block_size, cache_dtype, target)
     constexprs["GROUP_PAD"] = _decode_columns(gqa, target, quantized, fp16_pv)
     if fp16_pv:
         tile_n, num_warps = _fp16_pv_shape(
@@ -1260,7 +688,7 @@ def decode_spec(
     constexprs["TILE_N"] = tile_n
     constexprs["ONE_SPLIT"] = one_split
     constexprs["USE_FP16_PV"] = fp16_pv
-    types = _attention_types(
+    types = attention_types(
         _RUNTIME_PARAMS["decode_attention"], model_dtype, cache_dtype, out_dtype or model_dtype
     )
     return make_spec(
@@ -1270,36 +698,7 @@ def decode_spec(
         constexprs,
         num_warps=num_warps,
         num_stages=_decode_stages(target),
-        unaligned=_FREE_STRIDES,
-    )
-
-
-@functools.cache
-def prefill_spec(
-    *,
-    head_size: int,
-    block_size: int,
-    gqa: int,
-    model_dtype: torch.dtype,
-    cache_dtype: torch.dtype,
-    target: str,
-    out_dtype: torch.dtype | None = None,
-) -> KernelSpec:
-    """The prefill kernel the launcher compiles; out_dtype (fp32 for tests) defaults to model's."""
-    constexprs = _shared_constexprs(head_size, block_size, cache_dtype, target)
-    constexprs["ROWS"] = _prefill_rows(gqa)
-    constexprs["TILE_N"] = _PREFILL_TILE_N
-    types = _attention_types(
-        _RUNTIME_PARAMS["prefill_attention"], model_dtype, cache_dtype, out_dtype or model_dtype
-    )
-    return make_spec(
-        "prefill_attention",
-        _prefill_kernel,
-        types,
-        constexprs,
-        num_warps=_NUM_WARPS,
-        num_stages=_prefill_stages(head_size, target),
-        unaligned=_FREE_STRIDES,
+        unaligned=FREE_STRIDES,
     )
 
 
@@ -1308,7 +707,7 @@ def reduce_spec(
     *, head_size: int, model_dtype: torch.dtype, out_dtype: torch.dtype | None = None
 ) -> KernelSpec:
     """The split reducer the launcher compiles (the same on every target)."""
-    types = _attention_types(
+    types = attention_types(
         _RUNTIME_PARAMS["reduce_splits"], model_dtype, model_dtype, out_dtype or model_dtype
     )
     constexprs: dict[str, int | float | bool] = {
@@ -1361,42 +760,6 @@ def aot_specs(
     ]
 
 
-def _scale_tensors(cache: PagedKVCache) -> tuple[torch.Tensor, torch.Tensor]:
-    """The scale tensors, or (never dereferenced) the K tensor for a 16-bit cache."""
-    if cache.k_scale is None or cache.v_scale is None:
-        return cache.k, cache.k
-    return cache.k_scale, cache.v_scale
-
-
-def _kernel_operand(tensor: torch.Tensor, cache: PagedKVCache) -> torch.Tensor:
-    """A 16-bit query or output as the attention kernels take it: int16 bits for an INT8 cache."""
-    if cache.is_quantized and tensor.dtype in ACTIVATION_DTYPES:
-        return tensor.view(torch.int16)
-    return tensor
-
-
-def _query_bf16(query: torch.Tensor) -> int:
-    """The INT8 kernels' runtime ``query_bf16``: how to read the int16 bits of query and output."""
-    return int(query.dtype == torch.bfloat16)
-
-
-def _index_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """The kernels take int32 indices (the spec's signature); seq_lens may come as int64."""
-    return tensor if tensor.dtype == torch.int32 else tensor.to(torch.int32)
-
-
-def _geometry(query: torch.Tensor, cache: PagedKVCache) -> dict[str, Any]:
-    """The spec arguments of a launch: the same derivation as ``aot_specs``."""
-    return {
-        "head_size": cache.head_size,
-        "block_size": cache.block_size,
-        "gqa": query.shape[1] // cache.num_kv_heads,
-        "model_dtype": query.dtype,
-        "cache_dtype": cache.dtype,
-        "target": runtime_target(query.device),
-    }
-
-
 def decode_attention(
     query: torch.Tensor,
     cache: PagedKVCache,
@@ -1433,7 +796,7 @@ def decode_attention(
     Returns:
         ``out`` (allocated if None), ``[num_seqs, num_q_heads, head_size]`` in query's dtype.
     """
-    _check_attention_inputs(
+    check_attention_inputs(
         query, cache, block_table, seq_lens, softmax_scale, sliding_window, softcap, out
     )
     num_seqs = seq_lens.shape[0]
@@ -1442,7 +805,7 @@ def decode_attention(
             f"`query` has {query.shape[0]} tokens; decode expects one per sequence ({num_seqs})"
         )
     if validate:
-        checked_max = _check_block_table(cache, block_table, seq_lens)
+        checked_max = check_block_table(cache, block_table, seq_lens)
         if num_seqs and int(seq_lens.min()) < 1:
             raise InvalidInputError("`seq_lens` holds 0; decode needs >= 1 key per sequence")
         if max_seq_len is not None and checked_max > max_seq_len:
@@ -1470,7 +833,7 @@ def decode_attention(
         sliding_window=sliding_window,
         num_splits=num_splits,
     )
-    seq_lens = _index_tensor(seq_lens)
+    seq_lens = index_tensor(seq_lens)
     return plan.run(query, cache, block_table, seq_lens, softmax_scale, softcap=softcap, out=result)
 
 
@@ -1555,7 +918,7 @@ class DecodePlan:
             scratch = None  # one split: the decode writes the result, no partials
         elif scratch is None:
             scratch = self.new_scratch()
-        k_scale, v_scale = _scale_tensors(cache)
+        k_scale, v_scale = scale_tensors(cache)
         strides = (
             *query.stride()[:2],
             *out.stride()[:2],
@@ -1617,7 +980,7 @@ class DecodePlan:
         launch(
             decode_spec(**self._geometry(), out_dtype=self.out_dtype, one_split=scratch is None),
             self._decode_grid,
-            _kernel_operand(out, cache), *partials, _kernel_operand(query, cache), k, v, k_scale,
+            kernel_operand(out, cache), *partials, kernel_operand(query, cache), k, v, k_scale,
             v_scale, block_table, seq_lens, *scalars, *self._decode_scalars, *strides,
             block_table.stride(0),
         )  # fmt: skip
@@ -1919,104 +1282,3 @@ def _check_plan(
         raise InvalidInputError(f"`sliding_window` is {sliding_window}; expected >= 1 or None")
     if num_splits is not None and num_splits < 1:
         raise InvalidInputError(f"`num_splits` is {num_splits}; expected >= 1 or None")
-
-
-def prefill_attention(
-    query: torch.Tensor,
-    cache: PagedKVCache,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    softmax_scale: float,
-    *,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Causal varlen (chunked) prefill over the paged cache; the new tokens must be written first.
-
-    Sequence i's queries are rows ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]`` of ``query``, its newest
-    ``q_len_i`` tokens; each attends the cached prefix and the new tokens up to itself.
-
-    Args:
-        query: ``[total_q, num_q_heads, head_size]`` fp16/bf16.
-        seq_lens: ``[num_seqs]`` keys per sequence (prefix plus new tokens), ``>= q_len_i``.
-        cu_seqlens_q: int32/int64 ``[num_seqs + 1]``, starts at 0, non-decreasing.
-
-    Returns:
-        ``out`` (allocated if None), ``[total_q, num_q_heads, head_size]`` in query's dtype.
-    """
-    _check_attention_inputs(
-        query, cache, block_table, seq_lens, softmax_scale, sliding_window, softcap, out
-    )
-    num_seqs = seq_lens.shape[0]
-    check_tensor(
-        "cu_seqlens_q",
-        cu_seqlens_q,
-        dtypes=(torch.int32, torch.int64),
-        shape=(num_seqs + 1,),
-        device=cache.device,
-    )
-    starts = cu_seqlens_q.tolist()
-    q_lens = [end - begin for begin, end in itertools.pairwise(starts)]
-    if starts[0] != 0 or starts[-1] != query.shape[0] or min(q_lens, default=0) < 0:
-        raise InvalidInputError(
-            f"`cu_seqlens_q` is {starts}; expected non-decreasing from 0 to {query.shape[0]}"
-        )
-    _check_block_table(cache, block_table, seq_lens)
-    lens = seq_lens.tolist()
-    short = [i for i in range(num_seqs) if lens[i] < q_lens[i]]
-    if short:
-        i = short[0]
-        raise InvalidInputError(
-            f"`seq_lens[{i}]` is {lens[i]}; expected >= its {q_lens[i]} query tokens"
-        )
-    check_runnable("query", query)
-    result = out if out is not None else torch.empty_like(query)
-    geometry = _geometry(query, cache)
-    spec = prefill_spec(**geometry, out_dtype=result.dtype)
-    block_q = int(spec.constexprs["ROWS"]) // geometry["gqa"]
-    tile_seq: list[int] = []
-    tile_start: list[int] = []
-    for i, q_len in enumerate(q_lens):
-        for start in range(0, q_len, block_q):
-            tile_seq.append(i)
-            tile_start.append(start)
-    if not tile_seq:
-        return result
-    k_scale, v_scale = _scale_tensors(cache)
-    launch(
-        spec,
-        (len(tile_seq), cache.num_kv_heads),
-        _kernel_operand(result, cache),
-        _kernel_operand(query, cache),
-        cache.k,
-        cache.v,
-        k_scale,
-        v_scale,
-        block_table,
-        _index_tensor(seq_lens),
-        _index_tensor(cu_seqlens_q),
-        torch.tensor(tile_seq, dtype=torch.int32, device=cache.device),
-        torch.tensor(tile_start, dtype=torch.int32, device=cache.device),
-        softmax_scale,
-        softcap or 0.0,
-        sliding_window or 0,
-        geometry["gqa"],
-        block_q,
-        _query_bf16(query),
-        cache.block_size,
-        page_shift(cache.block_size),
-        query.stride(0),
-        query.stride(1),
-        result.stride(0),
-        result.stride(1),
-        cache.k.stride(0),
-        cache.k.stride(1),
-        cache.v.stride(0),
-        cache.v.stride(1),
-        k_scale.stride(0),
-        k_scale.stride(1),
-        block_table.stride(0),
-    )
-    return result

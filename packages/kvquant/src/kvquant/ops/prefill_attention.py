@@ -1,0 +1,542 @@
+"""Causal varlen (chunked) prefill over the paged INT8 or 16-bit cache: kernel, spec, launcher.
+
+A program owns one kv head and a block of query tokens times all the query heads that share it
+(the rows, along the dots' M dimension), so each K/V tile is loaded once for the whole group. It
+walks KV tiles of TILE_N keys with an online softmax in two loops: the tiles every row sees whole
+(no mask), then the tiles on the causal diagonal or at the sliding window's edge (masked).
+
+Both caches multiply on the 16-bit tensor cores. INT8: an int8 code is exact in fp16 (|code| <=
+128 needs 8 significant bits), so K and V codes are widened in registers and the scales move
+outside the dots: each key's K scale multiplies its column of scores after Q x K, each key's V
+scale (over the tile's largest) its column of P before P x V, and the tile's largest V scale the
+result. The query goes to fp16 divided by a power of two at its row's largest |q| (exact: a bf16
+or fp16 value keeps every bit, below 2**-14 of the row's largest as a subnormal), whatever the
+model's dtype, so one compiled variant serves fp16 and bf16 models; P is rounded to fp16 (11
+bits; the 16-bit path rounds it to the cache dtype).
+"""
+
+# mypy: disable-error-code="no-untyped-def"
+# (@triton.jit kernels take Triton tensors and constexprs, which have no Python types.)
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from .._cache import PagedKVCache
+from .._errors import InvalidInputError
+from ._common import (
+    KernelSpec,
+    check_runnable,
+    check_tensor,
+    launch,
+    make_spec,
+    next_power_of_2,
+    page_shift,
+    runtime_target,
+)
+from ._paged_tiles import (
+    FREE_STRIDES,
+    LOG2E,
+    apply_softcap,
+    as_output,
+    attention_types,
+    check_attention_inputs,
+    check_block_table,
+    dot_16bit,
+    float_from_bits,
+    index_tensor,
+    kernel_operand,
+    load_tile,
+    query_is_bf16,
+    scale_tensors,
+    shared_constexprs,
+    softmax_step,
+    v_weights,
+    widen_codes,
+)
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Launch shape of one prefill program.
+
+    Attributes:
+        rows: query rows (query tokens x the group's query heads), the dots' M; at least the
+            group, which one program always covers whole.
+        tile_n: keys per KV tile, the dots' N (a multiple of 16: whole runs of a page).
+        num_warps, num_stages: launch options (stages: the software pipeline's depth).
+    """
+
+    rows: int
+    tile_n: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "tile_n", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise InvalidInputError(f"`{name}` is {value}; expected a power of two")
+        if self.tile_n < 16 or self.num_stages < 1:
+            raise InvalidInputError(
+                f"prefill config {self}: expected tile_n >= 16 and num_stages >= 1"
+            )
+
+
+# The shipped launch shapes (`prefill_config`). CUDA, from the H200 sweep
+# (`benchmark_paged_attention.py --prefill-sweep`; bf16 model, 32/8 heads, head 128, block 16;
+# CUDA-graph kernel time in ms at 4 x (2048 + 2048) / 4 x (16384 + 2048) / 1 x (32768 + 4096) /
+# 8 x (0 + 2048)), rows / keys / warps / stages:
+#   16-bit  64 / 64 / 4 / 2   1.571 / 8.651 / 8.518 / 1.163
+#          128 / 64 / 8 / 2   1.548 / 9.146 / 8.689 / 1.136
+#         128 / 128 / 8 / 2   1.496 / 8.190 / 7.930 / 1.176 (spills 8 bytes in the sm_90 build)
+#   INT8    64 / 64 / 4 / 2   2.566 / 13.604 / 13.794 / 1.877
+#          128 / 64 / 8 / 2   2.686 / 14.125 / 14.371 / 1.984
+#     and 1.59-1.98 / 2.69-3.49 ms at the first shape for 128 rows with 32- and 128-key tiles,
+#     3 stages or 4 warps. INT8 variants at 64 / 64 / 4 / 2 (same data, one run): codes widened by
+#     Triton's conversion instead of PTX 2.793 / 15.006 ms, V gathered key by key instead of page
+#     by page 2.625 / 14.129 ms.
+_CONFIG_CUDA = PrefillConfig(rows=64, tile_n=64, num_warps=4, num_stages=2)
+# Head 256 at that shape spills (sm_90 build: 376-600 bytes at one stage; more shared memory than
+# an H200 has at two); 32-key tiles on 8 warps do not. Chosen on resource use; not timed.
+_CONFIG_CUDA_HEAD_256 = PrefillConfig(rows=64, tile_n=32, num_warps=8, num_stages=1)
+# HIP: CDNA hides latency with waves per SIMD, and the pipeliner's extra buffers cost registers,
+# so no pipelining, and tiles small enough for 2 waves per SIMD in the gfx90a build (head 128:
+# 64-key tiles took 272 VGPRs at 16 bits, 1 wave; 32-key tiles 229 / 253 at 16 bits / INT8;
+# head 256 on 4 warps 255 / 263, on 8 warps 233 / 242). Chosen on resource use; not timed on a
+# gfx90a (none is reachable from this project).
+_CONFIG_HIP = PrefillConfig(rows=64, tile_n=32, num_warps=4, num_stages=1)
+_CONFIG_HIP_HEAD_256 = PrefillConfig(rows=32, tile_n=32, num_warps=8, num_stages=1)
+# The interpreter: small tiles, so CPU tests still cross tiles and the causal diagonal.
+_CONFIG_INTERPRETER = PrefillConfig(rows=64, tile_n=64, num_warps=4, num_stages=1)
+
+_RUNTIME_PARAMS = (
+    "out_ptr q_ptr k_ptr v_ptr k_scale_ptr v_scale_ptr block_table_ptr seq_lens_ptr "
+    "cu_seqlens_q_ptr tile_seq_ptr tile_start_ptr softmax_scale softcap sliding_window group "
+    "block_q query_bf16 block_size block_shift stride_q_t stride_q_h stride_o_t stride_o_h "
+    "stride_k_b stride_k_h stride_v_b stride_v_h stride_s_b stride_s_h stride_bt"
+)
+
+
+@triton.jit
+def _query_operand(q, query_bf16, softmax_scale, softcap, QUANTIZED: tl.constexpr):
+    """(query tile for the Q x K dot, per-row score scale in log2 units unless softcap).
+
+    INT8 cache: the query comes as int16 bits (see `attention_types`) and goes to fp16 divided
+    by 2**floor(log2(row max |q|)), exactly; the power of two moves into the row's score scale
+    (0 for a row of zeros or subnormals, whose scores are 0 either way).
+    A row with NaN or inf gets a NaN score scale, so only that row's output is NaN.
+    """
+    if QUANTIZED:
+        q32 = float_from_bits(q, query_bf16)
+        finite = tl.max(tl.where(q32 - q32 == 0.0, 0.0, 1.0), axis=1) == 0.0
+        row_absmax = tl.max(tl.where(finite[:, None], tl.abs(q32), 0.0), axis=1)
+        # The power and its inverse are built from exponent bits, so both are exact; capped at
+        # 2**126, whose inverse is still a normal fp32 (a row past it keeps |q| / power <= 4).
+        exponent_bits = tl.minimum(row_absmax.to(tl.int32, bitcast=True) & 0x7F800000, 126 << 23)
+        power = exponent_bits.to(tl.float32, bitcast=True)
+        inverse = ((254 << 23) - exponent_bits).to(tl.float32, bitcast=True)
+        q = tl.where(finite[:, None], q32 * inverse[:, None], 0.0).to(tl.float16)
+        row_scale = tl.where(finite, power, float("nan")) * softmax_scale
+    else:
+        row_scale = tl.zeros([q.shape[0]], tl.float32) + softmax_scale
+    if softcap <= 0:
+        row_scale = row_scale * LOG2E
+    return q, row_scale
+
+
+@triton.jit
+def _prefill_tiles(
+    acc,  # [ROWS, HEAD_PAD] fp32
+    running_max,  # [ROWS] log2 units
+    running_sum,  # [ROWS]
+    q,  # [ROWS, HEAD_PAD] fp16 (INT8 cache), else the cache dtype
+    score_scale,  # [ROWS]
+    row_pos,  # [ROWS] key position of each row's query token (the causal mask)
+    tile_lo,
+    tile_hi,
+    first_key,
+    last_key,
+    k_ptr,
+    v_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    block_table_row,  # pointer to this sequence's block-table row
+    head_k,  # kv head times its stride in K, V and the scales (int64)
+    head_v,
+    head_s,
+    softcap,
+    sliding_window,
+    block_size,
+    block_shift,
+    stride_k_b,
+    stride_v_b,
+    stride_s_b,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    V_PAGEWISE: tl.constexpr,
+    WIDEN_PTX: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every row sees every key of these tiles
+):
+    """Online softmax over KV tiles [tile_lo, tile_hi); returns (acc, max, sum)."""
+    for tile in range(tile_lo, tile_hi):
+        keys, key_valid, k, v, k_scale, v_scale, finite_v = load_tile(
+            tile, first_key, last_key, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, block_table_row,
+            head_k, head_v, head_s, block_size, block_shift, stride_k_b, stride_v_b, stride_s_b,
+            HEAD_SIZE, HEAD_PAD, TILE_N, QUANTIZED, V_PAGEWISE,
+        )  # fmt: skip
+        if QUANTIZED:
+            k = widen_codes(k, WIDEN_PTX)
+        scores = dot_16bit(q, tl.trans(k), DOT_IN_FP32) * score_scale[:, None]
+        if QUANTIZED:
+            scores = scores * k_scale[None, :]
+        if softcap > 0:
+            scores = apply_softcap(scores, softcap)
+        if MASKED:
+            visible = key_valid[None, :] & (keys[None, :] <= row_pos[:, None])
+            if sliding_window > 0:
+                visible &= keys[None, :] > row_pos[:, None] - sliding_window
+            scores = tl.where(visible, scores, float("-inf"))
+        p, correction, running_max, running_sum = softmax_step(scores, running_max, running_sum, 1)
+        if QUANTIZED:
+            # Keys that are not valid have V weight 0, so their stale codes add nothing.
+            v_weight, tile_v_max = v_weights(v_scale, finite_v)
+            p = (p * v_weight[None, :]).to(tl.float16)
+            pv = dot_16bit(p, tl.trans(widen_codes(v, WIDEN_PTX)), DOT_IN_FP32)
+            acc = acc * correction[:, None] + pv * (tile_v_max / 127.0)
+        else:
+            if MASKED:
+                v = tl.where(key_valid[None, :], v, 0.0)  # stale slots may hold NaN/inf
+            pv = dot_16bit(p.to(v.dtype), tl.trans(v), DOT_IN_FP32)
+            acc = acc * correction[:, None] + pv
+    return acc, running_max, running_sum
+
+
+@triton.jit(
+    do_not_specialize=[
+        "sliding_window",
+        "group",
+        "block_q",
+        "query_bf16",
+        "block_shift",
+        "stride_bt",
+    ]
+)
+def _prefill_kernel(
+    # Outputs
+    out_ptr,  # [total_q, num_q_heads, head_size] query dtype
+    # Inputs
+    q_ptr,  # [total_q, num_q_heads, head_size] fp16/bf16
+    k_ptr,  # [num_blocks, num_kv_heads, block_size, head_size] int8 or query dtype
+    v_ptr,  # [num_blocks, num_kv_heads, head_size, block_size]
+    k_scale_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; iff QUANTIZED, else any pointer
+    v_scale_ptr,
+    block_table_ptr,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens_ptr,  # [num_seqs] int32, keys per sequence, the new tokens included
+    cu_seqlens_q_ptr,  # [num_seqs + 1] int32
+    tile_seq_ptr,  # [grid0] int32, sequence of each query tile
+    tile_start_ptr,  # [grid0] int32, first query token of the tile, within its sequence
+    # Scalars
+    softmax_scale,
+    softcap,  # > 0 turns the logit softcap on
+    sliding_window,  # > 0 turns the sliding window on
+    group,  # query heads per kv head
+    block_q,  # query tokens per program: ROWS // group
+    query_bf16,  # INT8 cache: 1 if the int16 query and output bits are bf16, 0: fp16
+    block_size,  # a power of two, >= 16; 16 when V_PAGEWISE
+    block_shift,  # log2(block_size)
+    # Strides
+    stride_q_t: tl.int64,
+    stride_q_h: tl.int64,
+    stride_o_t: tl.int64,
+    stride_o_h: tl.int64,
+    stride_k_b: tl.int64,
+    stride_k_h: tl.int64,
+    stride_v_b: tl.int64,
+    stride_v_h: tl.int64,
+    stride_s_b: tl.int64,
+    stride_s_h: tl.int64,
+    stride_bt: tl.int64,
+    # Shapes and features
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    TILE_N: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    V_PAGEWISE: tl.constexpr,
+    WIDEN_PTX: tl.constexpr,  # CUDA: INT8 codes widen by PTX (`widen_codes`)
+):
+    """One (query tile, kv head): block_q query tokens x all ``group`` query heads, causal."""
+    kv_head = tl.program_id(1)
+    seq = tl.load(tile_seq_ptr + tl.program_id(0))
+    q_first = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_first
+    tile_start = tl.load(tile_start_ptr + tl.program_id(0))
+    seq_len = tl.load(seq_lens_ptr + seq)
+
+    # ---- Query rows: row r is query token r // group, query head r % group ----
+    # The group is a runtime value, so one compiled kernel serves every GQA ratio; rows past
+    # block_q * group (a ratio that does not divide ROWS) stay idle.
+    rows = tl.arange(0, ROWS)
+    row_token = tile_start + rows // group  # within the sequence's new tokens
+    row_head = kv_head * group + rows % group
+    row_valid = (row_token < q_len) & (rows < block_q * group)
+    row_pos = seq_len - q_len + row_token  # key position of the query token itself
+    dims = tl.arange(0, HEAD_PAD)
+    dim_valid = dims < HEAD_SIZE
+    q_offsets = (q_first + row_token).to(tl.int64)[:, None] * stride_q_t
+    q_offsets += row_head.to(tl.int64)[:, None] * stride_q_h + dims[None, :]
+    q = tl.load(q_ptr + q_offsets, mask=row_valid[:, None] & dim_valid[None, :], other=0)
+    q, score_scale = _query_operand(q, query_bf16, softmax_scale, softcap, QUANTIZED)
+
+    # ---- KV tiles: those every row sees whole, then the masked ones ----
+    first_pos = seq_len - q_len + tile_start  # the tile's first query token
+    last_key = seq_len - q_len + tl.minimum(tile_start + block_q, q_len) - 1
+    if sliding_window > 0:
+        first_key = tl.maximum(first_pos - sliding_window + 1, 0)
+        unmasked_hi = first_key // TILE_N  # every tile masked: the window moves per row
+    else:
+        first_key = 0
+        unmasked_hi = (first_pos + 1) // TILE_N
+    head_k = kv_head.to(tl.int64) * stride_k_h
+    head_v = kv_head.to(tl.int64) * stride_v_h
+    head_s = kv_head.to(tl.int64) * stride_s_h
+    block_table_row = block_table_ptr + seq.to(tl.int64) * stride_bt
+    acc = tl.zeros([ROWS, HEAD_PAD], tl.float32)
+    running_max = tl.full([ROWS], float("-inf"), tl.float32)
+    running_sum = tl.zeros([ROWS], tl.float32)
+    acc, running_max, running_sum = _prefill_tiles(
+        acc, running_max, running_sum, q, score_scale, row_pos, first_key // TILE_N, unmasked_hi,
+        first_key, last_key, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, block_table_row, head_k,
+        head_v, head_s, softcap, sliding_window, block_size, block_shift, stride_k_b, stride_v_b,
+        stride_s_b, HEAD_SIZE, HEAD_PAD, TILE_N, QUANTIZED, DOT_IN_FP32, V_PAGEWISE, WIDEN_PTX,
+        False,
+    )  # fmt: skip
+    acc, running_max, running_sum = _prefill_tiles(
+        acc, running_max, running_sum, q, score_scale, row_pos,
+        tl.maximum(unmasked_hi, first_key // TILE_N), last_key // TILE_N + 1, first_key,
+        last_key, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, block_table_row, head_k, head_v,
+        head_s, softcap, sliding_window, block_size, block_shift, stride_k_b, stride_v_b,
+        stride_s_b, HEAD_SIZE, HEAD_PAD, TILE_N, QUANTIZED, DOT_IN_FP32, V_PAGEWISE, WIDEN_PTX,
+        True,
+    )  # fmt: skip
+
+    # ---- Epilogue ----
+    out_rows = (q_first + row_token).to(tl.int64)
+    o_offsets = out_rows[:, None] * stride_o_t + row_head.to(tl.int64)[:, None] * stride_o_h
+    tl.store(
+        out_ptr + o_offsets + dims[None, :],
+        as_output(acc / running_sum[:, None], out_ptr, query_bf16),
+        mask=row_valid[:, None] & dim_valid[None, :],
+    )
+
+
+def prefill_config(head_size: int, target: str) -> PrefillConfig:
+    """The launch shape the prefill ships with for this head size on ``target``."""
+    if target == "hip":
+        return _CONFIG_HIP_HEAD_256 if next_power_of_2(head_size) >= 256 else _CONFIG_HIP
+    if target == "interpreter":
+        return _CONFIG_INTERPRETER
+    return _CONFIG_CUDA_HEAD_256 if next_power_of_2(head_size) >= 256 else _CONFIG_CUDA
+
+
+@functools.cache
+def prefill_spec(
+    *,
+    head_size: int,
+    block_size: int,
+    gqa: int,
+    model_dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    target: str,
+    out_dtype: torch.dtype | None = None,
+    config: PrefillConfig | None = None,
+) -> KernelSpec:
+    """The prefill kernel the launcher compiles; out_dtype (fp32 for tests) defaults to model's;
+    ``config`` to `prefill_config`'s choice."""
+    config = config or prefill_config(head_size, target)
+    constexprs = shared_constexprs(head_size, block_size, cache_dtype, target)
+    # Both caches' dots are 16-bit; the interpreter gets them in fp32 (exact there).
+    constexprs["DOT_IN_FP32"] = target == "interpreter"
+    constexprs["ROWS"] = max(next_power_of_2(gqa), config.rows)
+    constexprs["TILE_N"] = config.tile_n
+    constexprs["WIDEN_PTX"] = target == "cuda"
+    types = attention_types(_RUNTIME_PARAMS, model_dtype, cache_dtype, out_dtype or model_dtype)
+    return make_spec(
+        "prefill_attention",
+        _prefill_kernel,
+        types,
+        constexprs,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        unaligned=FREE_STRIDES,
+    )
+
+
+def _launch_geometry(query: torch.Tensor, cache: PagedKVCache) -> dict[str, Any]:
+    """The spec arguments of a launch: the same derivation as ``aot_specs``."""
+    return {
+        "head_size": cache.head_size,
+        "block_size": cache.block_size,
+        "gqa": query.shape[1] // cache.num_kv_heads,
+        "model_dtype": query.dtype,
+        "cache_dtype": cache.dtype,
+        "target": runtime_target(query.device),
+    }
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """One checked prefill launch: ``run()`` starts the kernel and does nothing on the host that
+    waits for the device, so it can be captured in a CUDA graph and replayed (over new contents
+    of the same tensors, with the same query lengths)."""
+
+    spec: KernelSpec
+    grid: tuple[int, int]
+    args: tuple[object, ...]
+    out: torch.Tensor
+
+    def run(self) -> torch.Tensor:
+        if self.grid[0]:
+            launch(self.spec, self.grid, *self.args)
+        return self.out
+
+
+def plan_prefill(
+    query: torch.Tensor,
+    cache: PagedKVCache,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    softmax_scale: float,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    out: torch.Tensor | None = None,
+    config: PrefillConfig | None = None,
+) -> PrefillPlan:
+    """Check a prefill's inputs (reading ``cu_seqlens_q`` and ``seq_lens`` on the host) and lay
+    out its launch; arguments as `prefill_attention`'s."""
+    check_attention_inputs(
+        query, cache, block_table, seq_lens, softmax_scale, sliding_window, softcap, out
+    )
+    num_seqs = seq_lens.shape[0]
+    check_tensor(
+        "cu_seqlens_q",
+        cu_seqlens_q,
+        dtypes=(torch.int32, torch.int64),
+        shape=(num_seqs + 1,),
+        device=cache.device,
+    )
+    starts = cu_seqlens_q.tolist()
+    q_lens = [end - begin for begin, end in itertools.pairwise(starts)]
+    if starts[0] != 0 or starts[-1] != query.shape[0] or min(q_lens, default=0) < 0:
+        raise InvalidInputError(
+            f"`cu_seqlens_q` is {starts}; expected non-decreasing from 0 to {query.shape[0]}"
+        )
+    check_block_table(cache, block_table, seq_lens)
+    lens = seq_lens.tolist()
+    short = [i for i in range(num_seqs) if lens[i] < q_lens[i]]
+    if short:
+        i = short[0]
+        raise InvalidInputError(
+            f"`seq_lens[{i}]` is {lens[i]}; expected >= its {q_lens[i]} query tokens"
+        )
+    check_runnable("query", query)
+    result = out if out is not None else torch.empty_like(query)
+    geometry = _launch_geometry(query, cache)
+    spec = prefill_spec(**geometry, out_dtype=result.dtype, config=config)
+    block_q = int(spec.constexprs["ROWS"]) // geometry["gqa"]
+    tile_seq: list[int] = []
+    tile_start: list[int] = []
+    for i, q_len in enumerate(q_lens):
+        for start in range(0, q_len, block_q):
+            tile_seq.append(i)
+            tile_start.append(start)
+    k_scale, v_scale = scale_tensors(cache)
+    args = (
+        kernel_operand(result, cache),
+        kernel_operand(query, cache),
+        cache.k,
+        cache.v,
+        k_scale,
+        v_scale,
+        block_table,
+        index_tensor(seq_lens),
+        index_tensor(cu_seqlens_q),
+        torch.tensor(tile_seq, dtype=torch.int32, device=cache.device),
+        torch.tensor(tile_start, dtype=torch.int32, device=cache.device),
+        softmax_scale,
+        softcap or 0.0,
+        sliding_window or 0,
+        geometry["gqa"],
+        block_q,
+        query_is_bf16(query),
+        cache.block_size,
+        page_shift(cache.block_size),
+        query.stride(0),
+        query.stride(1),
+        result.stride(0),
+        result.stride(1),
+        cache.k.stride(0),
+        cache.k.stride(1),
+        cache.v.stride(0),
+        cache.v.stride(1),
+        k_scale.stride(0),
+        k_scale.stride(1),
+        block_table.stride(0),
+    )
+    return PrefillPlan(spec, (len(tile_seq), cache.num_kv_heads), args, result)
+
+
+def prefill_attention(
+    query: torch.Tensor,
+    cache: PagedKVCache,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    softmax_scale: float,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    out: torch.Tensor | None = None,
+    config: PrefillConfig | None = None,
+) -> torch.Tensor:
+    """Causal varlen (chunked) prefill over the paged cache; the new tokens must be written first.
+
+    Sequence i's queries are rows ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]`` of ``query``, its newest
+    ``q_len_i`` tokens; each attends the cached prefix and the new tokens up to itself.
+
+    Args:
+        query: ``[total_q, num_q_heads, head_size]`` fp16/bf16.
+        seq_lens: ``[num_seqs]`` keys per sequence (prefix plus new tokens), ``>= q_len_i``.
+        cu_seqlens_q: int32/int64 ``[num_seqs + 1]``, starts at 0, non-decreasing.
+        config: the launch shape (benchmarks sweep it); None: `prefill_config`'s.
+
+    Returns:
+        ``out`` (allocated if None), ``[total_q, num_q_heads, head_size]`` in query's dtype.
+    """
+    plan = plan_prefill(
+        query,
+        cache,
+        block_table,
+        seq_lens,
+        cu_seqlens_q,
+        softmax_scale,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        out=out,
+        config=config,
+    )
+    return plan.run()
