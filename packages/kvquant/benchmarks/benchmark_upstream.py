@@ -11,7 +11,7 @@ data: upstream's records are `to_upstream_layout` of our cache. Before timing, e
 that the two INT8 outputs agree (relative L2, "rel diff"; both kernels compute attention over the
 same dequantized values, upstream rounding P to bf16).
 
-Shapes and timing are benchmark_paged_attention.py's: bf16 model, 32 query heads, 8 kv heads, head
+Shapes and timing are benchmark_decode_attention.py's: bf16 model, 32 query heads, 8 kv heads, head
 size 128, block size 16, every sequence at the full context. "single": one decode per replay of a
 CUDA graph (graph_ms), so both sides pay the same graph launch; "in graph": per call of a graph of
 GRAPH_CALLS decodes, each over its own caches, as a decode runs inside a model's graph.
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from benchmark_paged_attention import (
+from benchmark_decode_attention import (
     BATCHES,
     CONTEXTS,
     GRAPH_CALLS,

@@ -246,7 +246,7 @@ _COMPILE_FP16_PV = """
 import json, sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from kvquant.build._elf import verify_cubin
-from kvquant.ops.paged_attention import decode_spec
+from kvquant.ops.decode_attention import decode_spec
 
 report = []
 for head_size, block_size, gqa, one_split in json.loads(sys.argv[1]):

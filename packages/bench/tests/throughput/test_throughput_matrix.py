@@ -39,7 +39,8 @@ def test_the_gpu_kernel_matrix_times_the_shapes_kvquants_benchmarks_print(
 ) -> None:
     # As when they run from their folder: the scripts import each other by module name.
     monkeypatch.syspath_prepend(str(KVQUANT_BENCHMARKS))
-    attention = importlib.import_module("benchmark_paged_attention")
+    attention = importlib.import_module("benchmark_decode_attention")
+    prefill = importlib.import_module("benchmark_prefill_attention")
     cache_write = importlib.import_module("benchmark_cache_write")
     matrix = load_matrix(CONFIGS / "throughput-gpu-kernels.toml")
     cells = [cell for cell in matrix.cells if isinstance(cell, KernelCell)]
@@ -65,12 +66,10 @@ def test_the_gpu_kernel_matrix_times_the_shapes_kvquants_benchmarks_print(
             caches, attention.BATCHES, attention.CONTEXTS
         )
     }
-    prefill = (
-        attention.PREFILL_BATCH,
-        attention.PREFILL_PREFIX + attention.PREFILL_CHUNK,
-        attention.PREFILL_PREFIX,
-    )
-    assert by_op["prefill"] == {(cache, *prefill) for cache in caches}
+    assert by_op["prefill"] == {
+        (cache, batch, cached + new, cached)
+        for cache, (batch, cached, new) in itertools.product(caches, prefill.PREFILL_SHAPES)
+    }
     assert by_op["cache_write"] == {(cache, 1, cache_write.NUM_TOKENS, 0) for cache in caches}
     # And the decode's GB/s counts the benchmark's bytes.
     for cell in cells:

@@ -23,7 +23,13 @@ if TYPE_CHECKING:
     )
     from ._check import run_correctness
     from .ops.cache_write import cache_write
-    from .ops.paged_attention import DecodePlan, decode_attention, plan_decode
+    from .ops.decode_attention import (
+        DecodeConfig,
+        DecodePlan,
+        decode_attention,
+        decode_config,
+        plan_decode,
+    )
     from .ops.prefill_attention import PrefillConfig, prefill_attention
 
 _LAZY_EXPORTS = {
@@ -33,15 +39,18 @@ _LAZY_EXPORTS = {
     "page_bytes": "._cache",
     "to_upstream_layout": "._cache",
     "cache_write": ".ops.cache_write",
-    "DecodePlan": ".ops.paged_attention",
-    "decode_attention": ".ops.paged_attention",
-    "plan_decode": ".ops.paged_attention",
+    "DecodeConfig": ".ops.decode_attention",
+    "DecodePlan": ".ops.decode_attention",
+    "decode_config": ".ops.decode_attention",
+    "decode_attention": ".ops.decode_attention",
+    "plan_decode": ".ops.decode_attention",
     "PrefillConfig": ".ops.prefill_attention",
     "prefill_attention": ".ops.prefill_attention",
     "run_correctness": "._check",
 }
 
 __all__ = [
+    "DecodeConfig",
     "DecodePlan",
     "InvalidInputError",
     "KVQuantError",
@@ -51,6 +60,7 @@ __all__ = [
     "allocate_cache",
     "cache_write",
     "decode_attention",
+    "decode_config",
     "from_upstream_layout",
     "page_bytes",
     "plan_decode",

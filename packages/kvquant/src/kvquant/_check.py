@@ -20,7 +20,7 @@ from ._cache import allocate_cache, from_upstream_layout, to_upstream_layout
 from ._errors import InvalidInputError, KernelUnavailableError
 from .ops._common import interpreted
 from .ops.cache_write import cache_write
-from .ops.paged_attention import decode_attention
+from .ops.decode_attention import decode_attention
 from .ops.prefill_attention import prefill_attention
 
 # Kernel output against the fp32 reference on the same dequantized cache (issue 4).

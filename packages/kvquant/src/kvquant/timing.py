@@ -4,7 +4,7 @@ On a CUDA device every timed call starts with an L2 that holds none of its bytes
 a buffer over four times the L2's size first (``read_clear``). Triton's ``do_bench`` clears it by
 zeroing that buffer instead, and the dirty lines the zeroing leaves are written back to DRAM while
 the next timed call runs: on the H200 that added 7.6-9.8 us to every decode of either cache, a
-tenth of the INT8 batch 16 / 8k call (``benchmarks/benchmark_paged_attention.py --flush`` shows
+tenth of the INT8 batch 16 / 8k call (``benchmarks/benchmark_decode_attention.py --flush`` shows
 both). Each call is timed alone with a pair of CUDA events, eagerly (``median_ms``) or as the
 replay of a CUDA graph (``graph_ms``: the kernel time, as vLLM runs a decode step).
 

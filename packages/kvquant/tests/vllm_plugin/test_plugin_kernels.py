@@ -25,7 +25,7 @@ from kvquant.vllm_plugin._serving import attend, cache_view, int8_content_bytes,
 HEADS, KV_HEADS, HEAD, BLOCK = 8, 2, 64, 16
 BLOCKS_PER_SEQ = 5
 # kvquant's kernel tolerance against its fp32 reference (relative L2 of fp32 attention outputs),
-# and its tolerance for a 16-bit output (tests/test_paged_attention.py): the rounding to bf16
+# and its tolerance for a 16-bit output (tests/test_decode_attention.py): the rounding to bf16
 # alone adds about 2e-3 to each path.
 MAX_REL_L2 = 2e-3
 MAX_REL_L2_16_BIT_OUT = 1e-2

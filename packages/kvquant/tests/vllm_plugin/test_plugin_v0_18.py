@@ -329,7 +329,7 @@ def test_layer_writes_and_attends_like_kvquants_reference(
     )
     if numerics == "reference":
         torch.testing.assert_close(output, expected, rtol=0, atol=1e-5)
-    else:  # kvquant's kernel tolerance for a bf16 output (tests/test_paged_attention.py)
+    else:  # kvquant's kernel tolerance for a bf16 output (tests/test_decode_attention.py)
         error = (output.float() - expected.float()).norm() / expected.float().norm()
         assert float(error) <= 1e-2, float(error)
 

@@ -7,10 +7,11 @@ in the same run. INT8 cells also get the ratio of their bytes to the 16-bit cell
 and shape and, when both were timed, their speed-up over it.
 
 On a GPU the cells are timed as kvquant's benchmarks time the same shapes (``kvquant.timing``:
-every call after a read that clears the L2; the decode as a replayed CUDA graph, the cache write
-and the prefill eagerly, as ``benchmark_paged_attention.py`` and ``benchmark_cache_write.py``
-do), so a cell's figure is the benchmark's. On the CPU the kernels run in Triton's interpreter: such
-a cell is a functional check, timed by the clock, and never compared for speed.
+every call after a read that clears the L2; decode and prefill as replayed CUDA graphs, the cache
+write eagerly, as ``benchmark_decode_attention.py``, ``benchmark_prefill_attention.py`` and
+``benchmark_cache_write.py`` do), so a cell's figure is the benchmark's. On the CPU the kernels
+run in Triton's interpreter: such a cell is a functional check, timed by the clock, and never
+compared for speed.
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ def _decode(cell: KernelCell, setup: _Setup) -> _Call:
 def _prefill(cell: KernelCell, setup: _Setup) -> _Call:
     import torch
 
-    from kvquant import prefill_attention
+    from kvquant.ops.prefill_attention import plan_prefill
 
     s = cell.shape
     seqs = setup.sequences
@@ -201,22 +202,19 @@ def _prefill(cell: KernelCell, setup: _Setup) -> _Call:
         device=setup.device,
         dtype=setup.activation,
     )
-    out = torch.empty_like(query)
     cu_seqlens_q = torch.arange(cell.batch + 1, device=setup.device, dtype=torch.int32)
     cu_seqlens_q *= new_tokens
-    # Its input check reads cu_seqlens_q on the host, so no CUDA graph can hold it.
-    return _Call(
-        lambda: prefill_attention(
-            query,
-            seqs.cache,
-            seqs.block_table,
-            seqs.seq_lens,
-            cu_seqlens_q,
-            s.head_size**-0.5,
-            out=out,
-        ),
-        graphable=False,
+    # The plan reads cu_seqlens_q on the host once; its launch is what a CUDA graph holds.
+    plan = plan_prefill(
+        query,
+        seqs.cache,
+        seqs.block_table,
+        seqs.seq_lens,
+        cu_seqlens_q,
+        s.head_size**-0.5,
+        out=torch.empty_like(query),
     )
+    return _Call(plan.run, graphable=True)
 
 
 _OPS = {"cache_write": _cache_write, "decode": _decode, "prefill": _prefill}

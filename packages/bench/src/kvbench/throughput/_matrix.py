@@ -62,7 +62,7 @@ class EngineSettings:
 @dataclass(frozen=True)
 class KernelShape:
     """The attention geometry and timing of the kernel cells (defaults: the H200 study's, which
-    are ``packages/kvquant/benchmarks/benchmark_paged_attention.py``'s)."""
+    are ``packages/kvquant/benchmarks/benchmark_decode_attention.py``'s)."""
 
     num_q_heads: int = 32
     num_kv_heads: int = 8

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cache_write, paged_attention
+from . import cache_write, decode_attention, prefill_attention
 from ._common import KernelSpec
 
 
@@ -27,7 +27,7 @@ def aot_specs(
         target: "cuda" or "hip".
     """
     specs: list[KernelSpec] = []
-    for module in (paged_attention, cache_write):
+    for module in (decode_attention, prefill_attention, cache_write):
         specs += module.aot_specs(
             head_size=head_size,
             block_size=block_size,

@@ -1,6 +1,6 @@
 """What the paged attention kernels share: the KV tile loader and the softmax's device steps,
 the 16-bit <-> bits conversions of the INT8 kernels' operands, and the launchers' input checks and
-spec pieces. The decode (`paged_attention`) and the prefill (`prefill_attention`) are built from
+spec pieces. The decode (`decode_attention`) and the prefill (`prefill_attention`) are built from
 these; neither reaches into the other.
 """
 

@@ -34,6 +34,7 @@ from .._errors import InvalidInputError
 from ._common import (
     KernelSpec,
     check_runnable,
+    check_target,
     check_tensor,
     launch,
     make_spec,
@@ -91,7 +92,7 @@ class PrefillConfig:
 
 
 # The shipped launch shapes (`prefill_config`). CUDA, from the H200 sweep
-# (`benchmark_paged_attention.py --prefill-sweep`; bf16 model, 32/8 heads, head 128, block 16;
+# (`benchmark_prefill_attention.py --sweep`; bf16 model, 32/8 heads, head 128, block 16;
 # CUDA-graph kernel time in ms at 4 x (2048 + 2048) / 4 x (16384 + 2048) / 1 x (32768 + 4096) /
 # 8 x (0 + 2048)), rows / keys / warps / stages:
 #   16-bit  64 / 64 / 4 / 2   1.571 / 8.651 / 8.518 / 1.163
@@ -382,6 +383,30 @@ def prefill_spec(
         num_stages=config.num_stages,
         unaligned=FREE_STRIDES,
     )
+
+
+def aot_specs(
+    *,
+    head_size: int,
+    block_size: int,
+    gqa: int,
+    model_dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    target: str,
+) -> list[KernelSpec]:
+    """Prefill attention for one model configuration (softcap, sliding window, the GQA ratio
+    and the block size are runtime arguments, except INT8 at block 16, see V_PAGEWISE)."""
+    check_target(target)
+    return [
+        prefill_spec(
+            head_size=head_size,
+            block_size=block_size,
+            gqa=gqa,
+            model_dtype=model_dtype,
+            cache_dtype=cache_dtype,
+            target=target,
+        )
+    ]
 
 
 def _launch_geometry(query: torch.Tensor, cache: PagedKVCache) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from .._cache import PagedKVCache
 from ._errors import UnsupportedConfigError
 
 if TYPE_CHECKING:
-    from ..ops.paged_attention import DecodePlan
+    from ..ops.decode_attention import DecodePlan
 
 KERNELS_ENV = "KVQUANT_VLLM_KERNELS"
 KERNELS_ON_CPU = "triton"

@@ -1,8 +1,5 @@
-"""Decode and prefill attention against ``kvquant.reference.paged_attention_ref``.
-
-The reference reads the same (dequantized) cache, so the tolerance measures kernel error only;
-the quantization error is checked separately against the unquantized K/V, loosely, and
-reported by ``kvquant check``.
+"""Decode attention (`kvquant.ops.decode_attention`) against ``kvquant.reference``: the
+kernel on every geometry, the split-KV and fp16 P x V paths, plans as CUDA graphs replay them.
 """
 
 from __future__ import annotations
@@ -22,107 +19,32 @@ from kvquant import (
     allocate_cache,
     cache_write,
     decode_attention,
+    decode_config,
     plan_decode,
-    prefill_attention,
 )
 from kvquant import reference as ref
 from kvquant._batch import PagedBatch, make_paged_batch
-from kvquant.ops import _common, paged_attention
+from kvquant.ops import _common
 from kvquant.ops import cache_write as cache_write_module
-from kvquant.ops.paged_attention import choose_num_splits
+from kvquant.ops import decode_attention as decode_attention_module
+from kvquant.ops._common import runtime_target
 
-from conftest import require_cuda
-
-INT8_TOLERANCE = 2e-3  # issue 4: kernel against the reference on the dequantized cache
-BASELINE_TOLERANCE = 4e-3  # 16-bit path: P is rounded to bf16/fp16 before the P.V dot
-
-
-def _rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((actual.double() - expected.double()).norm() / expected.double().norm())
-
-
-def _batch(
-    seq_lens: list[int],
-    device: torch.device,
-    gen: torch.Generator,
-    *,
-    head_size: int = 64,
-    block_size: int = 16,
-    group: int = 4,
-    cache_dtype: torch.dtype = torch.int8,
-    model_dtype: torch.dtype = torch.bfloat16,
-    q_lens: list[int] | None = None,
-) -> PagedBatch:
-    return make_paged_batch(
-        seq_lens=seq_lens,
-        q_lens=q_lens,
-        num_kv_heads=2,
-        group=group,
-        head_size=head_size,
-        block_size=block_size,
-        cache_dtype=cache_dtype,
-        model_dtype=model_dtype,
-        device=device,
-        generator=gen,
-    )
+from attention_cases import (
+    ATTENTION_TOLERANCE,
+    BASELINE_TOLERANCE,
+    assert_close,
+    decode_out,
+    mixed_lens,
+    paged_batch,
+    reference_out,
+    rel_l2,
+)
+from conftest import DEVICE, require_cuda
 
 
-def _decode(
-    batch: PagedBatch, out_dtype: torch.dtype = torch.float32, **kwargs: object
-) -> torch.Tensor:
-    out = torch.full(batch.query.shape, math.nan, dtype=out_dtype, device=batch.query.device)
-    scale = batch.query.shape[-1] ** -0.5
-    decode_attention(
-        batch.query,
-        batch.cache,
-        batch.block_table,
-        batch.seq_lens,
-        scale,
-        out=out,
-        **kwargs,  # type: ignore[arg-type]
-    )
-    return out
-
-
-def _prefill(batch: PagedBatch, **kwargs: object) -> torch.Tensor:
-    out = torch.full(batch.query.shape, math.nan, dtype=torch.float32, device=batch.query.device)
-    scale = batch.query.shape[-1] ** -0.5
-    prefill_attention(
-        batch.query,
-        batch.cache,
-        batch.block_table,
-        batch.seq_lens,
-        batch.cu_seqlens_q,
-        scale,
-        out=out,
-        **kwargs,  # type: ignore[arg-type]
-    )
-    return out
-
-
-def _expected(
-    batch: PagedBatch, window: int | None = None, softcap: float | None = None
-) -> torch.Tensor:
-    return ref.paged_attention_ref(
-        batch.query,
-        batch.cache,
-        batch.block_table,
-        batch.seq_lens,
-        batch.cu_seqlens_q,
-        batch.query.shape[-1] ** -0.5,
-        window,
-        softcap,
-    )
-
-
-def _assert_close(out: torch.Tensor, expected: torch.Tensor, tolerance: float) -> None:
-    assert not out.isnan().any(), "an output element was not written (poisoned with NaN)"
-    error = _rel_l2(out, expected)
-    assert error <= tolerance, f"relative L2 {error:.2e} > {tolerance:.0e}"
-
-
-def _mixed_lens(block_size: int, long: int) -> list[int]:
-    return [1, block_size - 1, block_size + 1, long]
+def plan_target() -> str:
+    """The target plans on this machine's test device launch for."""
+    return runtime_target(DEVICE)
 
 
 # Head size x block size x GQA x dtypes, covered in a diagonal rather than a full product so the
@@ -152,8 +74,8 @@ def test_decode_matches_reference(
     device: torch.device,
     gen: torch.Generator,
 ) -> None:
-    batch = _batch(
-        _mixed_lens(block_size, 300),
+    batch = paged_batch(
+        mixed_lens(block_size, 300),
         device,
         gen,
         head_size=head_size,
@@ -162,8 +84,8 @@ def test_decode_matches_reference(
         cache_dtype=cache_dtype,
         model_dtype=model_dtype,
     )
-    tolerance = INT8_TOLERANCE if cache_dtype == torch.int8 else BASELINE_TOLERANCE
-    _assert_close(_decode(batch), _expected(batch), tolerance)
+    tolerance = ATTENTION_TOLERANCE if cache_dtype == torch.int8 else BASELINE_TOLERANCE
+    assert_close(decode_out(batch), reference_out(batch), tolerance)
 
 
 # (32, 1600): the longest sequence's 25 tiles each get a split, more than the reducer combines
@@ -172,19 +94,10 @@ def test_decode_matches_reference(
 def test_decode_split_kv_matches_reference(
     num_splits: int, longest: int, device: torch.device, gen: torch.Generator
 ) -> None:
-    batch = _batch([1, 200, 383, longest], device, gen)
-    _assert_close(_decode(batch, num_splits=num_splits), _expected(batch), INT8_TOLERANCE)
-
-
-def test_split_choice_counts_the_one_split_variant_slots() -> None:
-    """One split launches its own variant, which may hold fewer programs per SM than the split
-    decode (H200, 16-bit cache: 8 against 12): 1536 unsplit programs then need two waves."""
-    programs, tiles = 1536, 256
-    assert choose_num_splits(programs, tiles, 1584, one_split_slots=1584) == 1
-    assert choose_num_splits(programs, tiles, 1584, one_split_slots=1056) == 2
-    # Where splitting wins anyway (batch 16 at 8k, INT8 tiles), the one-split slots change nothing.
-    assert choose_num_splits(128, 128, 1056, one_split_slots=1056) == 8
-    assert choose_num_splits(128, 128, 1056, one_split_slots=528) == 8
+    batch = paged_batch([1, 200, 383, longest], device, gen)
+    assert_close(
+        decode_out(batch, num_splits=num_splits), reference_out(batch), ATTENTION_TOLERANCE
+    )
 
 
 @pytest.mark.parametrize(("window", "softcap"), [(1, None), (50, None), (None, 5.0), (140, 30.0)])
@@ -196,9 +109,9 @@ def test_decode_window_and_softcap(
     device: torch.device,
     gen: torch.Generator,
 ) -> None:
-    batch = _batch([1, 15, 17, 300], device, gen, group=2)
-    out = _decode(batch, sliding_window=window, softcap=softcap, num_splits=num_splits)
-    _assert_close(out, _expected(batch, window, softcap), INT8_TOLERANCE)
+    batch = paged_batch([1, 15, 17, 300], device, gen, group=2)
+    out = decode_out(batch, sliding_window=window, softcap=softcap, num_splits=num_splits)
+    assert_close(out, reference_out(batch, window, softcap), ATTENTION_TOLERANCE)
 
 
 @pytest.mark.parametrize(("head_size", "group"), [(256, 1), (128, 16)])
@@ -206,8 +119,8 @@ def test_decode_one_split_in_two_warp_layouts(
     head_size: int, group: int, device: torch.device, gen: torch.Generator
 ) -> None:
     """One split, whose decode writes the result itself, where a CUDA program takes two warps."""
-    batch = _batch([1, 17, 300], device, gen, head_size=head_size, group=group)
-    _assert_close(_decode(batch, num_splits=1), _expected(batch), INT8_TOLERANCE)
+    batch = paged_batch([1, 17, 300], device, gen, head_size=head_size, group=group)
+    assert_close(decode_out(batch, num_splits=1), reference_out(batch), ATTENTION_TOLERANCE)
 
 
 @pytest.mark.parametrize(
@@ -224,12 +137,9 @@ def test_decode_16_bit_output(
 ) -> None:
     """Output in the model dtype, written by the decode itself (one split) or by the reducer:
     the rounding to bf16 adds its ~2e-3 (4e-3 truncating)."""
-    batch = _batch([5, 70], device, gen, cache_dtype=cache_dtype, model_dtype=model_dtype)
-    out = _decode(batch, out_dtype=model_dtype, num_splits=num_splits)
-    _assert_close(out, _expected(batch), 1e-2)
-
-
-# ---- The fp16 P x V decode (`decode_spec`'s fp16_pv): INT8 groups of 16 and more ----
+    batch = paged_batch([5, 70], device, gen, cache_dtype=cache_dtype, model_dtype=model_dtype)
+    out = decode_out(batch, out_dtype=model_dtype, num_splits=num_splits)
+    assert_close(out, reference_out(batch), 1e-2)
 
 
 def _wide_batch(
@@ -287,13 +197,13 @@ def test_fp16_pv_decode_matches_reference(
     gen: torch.Generator,
 ) -> None:
     batch = _wide_batch(
-        _mixed_lens(block_size, 300), device, gen, group=group, num_kv_heads=num_kv_heads,
+        mixed_lens(block_size, 300), device, gen, group=group, num_kv_heads=num_kv_heads,
         head_size=head_size, block_size=block_size, model_dtype=model_dtype,
     )  # fmt: skip
     plan, out = _run_plan(batch, 300, num_splits=num_splits)
     assert plan.fp16_pv and (num_splits is None or plan.num_splits == num_splits)
     assert plan._decode_grid[1] == num_kv_heads * -(-group // 32)
-    _assert_close(out, _expected(batch), INT8_TOLERANCE)
+    assert_close(out, reference_out(batch), ATTENTION_TOLERANCE)
 
 
 @pytest.mark.parametrize(("window", "softcap"), [(1, None), (50, None), (None, 5.0), (140, 30.0)])
@@ -308,7 +218,7 @@ def test_fp16_pv_decode_window_and_softcap(
     batch = _wide_batch([1, 15, 17, 300], device, gen, group=16, num_kv_heads=2, head_size=64)
     plan, out = _run_plan(batch, 300, softcap=softcap, sliding_window=window, num_splits=num_splits)
     assert plan.fp16_pv
-    _assert_close(out, _expected(batch, window, softcap), INT8_TOLERANCE)
+    assert_close(out, reference_out(batch, window, softcap), ATTENTION_TOLERANCE)
 
 
 def test_fp16_pv_decode_rescales_when_later_keys_dominate(
@@ -327,11 +237,11 @@ def test_fp16_pv_decode_rescales_when_later_keys_dominate(
                 batch.cache.v_scale[page, 0, slot] *= 1000.0
             else:
                 batch.cache.k_scale[page, 0, slot] *= 30.0
-    expected = _expected(batch)
+    expected = reference_out(batch)
     for num_splits in (1, 3):
         plan, out = _run_plan(batch, 300, num_splits=num_splits)
         assert plan.fp16_pv
-        _assert_close(out, expected, INT8_TOLERANCE)
+        assert_close(out, expected, ATTENTION_TOLERANCE)
 
 
 def test_fp16_pv_decode_nan_reaches_only_the_query_heads_that_see_it(
@@ -363,7 +273,7 @@ def test_int8_groups_of_16_and_more_take_the_fp16_pv_decode() -> None:
     geometry: dict[str, Any] = {"head_size": 128, "block_size": 16, "model_dtype": torch.bfloat16}
 
     def chosen(gqa: int, target: str, cache_dtype: torch.dtype = torch.int8) -> tuple[bool, int]:
-        spec = paged_attention.decode_spec(
+        spec = decode_attention_module.decode_spec(
             **geometry, gqa=gqa, cache_dtype=cache_dtype, target=target
         )
         return bool(spec.constexprs["USE_FP16_PV"]), int(spec.constexprs["GROUP_PAD"])
@@ -374,66 +284,24 @@ def test_int8_groups_of_16_and_more_take_the_fp16_pv_decode() -> None:
         ]  # fmt: skip
     assert [chosen(g, "hip") for g in (16, 32)] == [(False, 16), (False, 32)]
     assert chosen(32, "cuda", torch.bfloat16) == (False, 32)
-    forced = paged_attention.decode_spec(
-        **geometry, gqa=4, cache_dtype=torch.int8, target="cuda", fp16_pv=True
+    forced_config = decode_config(
+        head_size=128, block_size=16, gqa=4, cache_dtype=torch.int8, target="cuda", fp16_pv=True
+    )
+    forced = decode_attention_module.decode_spec(
+        **geometry, gqa=4, cache_dtype=torch.int8, target="cuda", config=forced_config
     )
     assert (forced.constexprs["USE_FP16_PV"], forced.constexprs["GROUP_PAD"]) == (True, 8)
     for target, cache_dtype in (("hip", torch.int8), ("cuda", torch.bfloat16)):
         with pytest.raises(InvalidInputError, match=r"^`fp16_pv`[^\n]*$"):
-            paged_attention.decode_spec(
-                **geometry, gqa=32, cache_dtype=cache_dtype, target=target, fp16_pv=True
-            )
-
-
-@pytest.mark.parametrize(
-    ("head_size", "block_size", "group", "cache_dtype", "model_dtype"),
-    [
-        (64, 16, 1, torch.int8, torch.bfloat16),
-        (128, 32, 4, torch.int8, torch.float16),
-        (80, 64, 8, torch.int8, torch.bfloat16),
-        # 3 does not divide the 64 query rows of a program: one row stays idle.
-        (96, 16, 3, torch.bfloat16, torch.bfloat16),
-    ],
-)
-def test_chunked_prefill_matches_reference(
-    head_size: int,
-    block_size: int,
-    group: int,
-    cache_dtype: torch.dtype,
-    model_dtype: torch.dtype,
-    device: torch.device,
-    gen: torch.Generator,
-) -> None:
-    """Each sequence: a cached prefix plus new tokens; one sequence has no new tokens."""
-    seq_lens = [1, block_size - 1, block_size + 1, 150, 40]
-    q_lens = [1, block_size - 1, 2, 70, 0]
-    batch = _batch(
-        seq_lens,
-        device,
-        gen,
-        head_size=head_size,
-        block_size=block_size,
-        group=group,
-        cache_dtype=cache_dtype,
-        model_dtype=model_dtype,
-        q_lens=q_lens,
-    )
-    tolerance = INT8_TOLERANCE if cache_dtype == torch.int8 else BASELINE_TOLERANCE
-    _assert_close(_prefill(batch), _expected(batch), tolerance)
-
-
-@pytest.mark.parametrize(("window", "softcap"), [(7, None), (None, 10.0), (33, 20.0)])
-def test_prefill_window_and_softcap(
-    window: int | None, softcap: float | None, device: torch.device, gen: torch.Generator
-) -> None:
-    batch = _batch([90, 17], device, gen, q_lens=[90, 9])
-    out = _prefill(batch, sliding_window=window, softcap=softcap)
-    _assert_close(out, _expected(batch, window, softcap), INT8_TOLERANCE)
+            decode_config(
+                head_size=128, block_size=16, gqa=32, cache_dtype=cache_dtype, target=target,
+                fp16_pv=True,
+            )  # fmt: skip
 
 
 def test_quantization_error_is_small(device: torch.device, gen: torch.Generator) -> None:
     """The INT8 cache's own error against unquantized K/V: ~7e-3 on N(0, 1) data."""
-    batch = _batch([64, 300], device, gen, head_size=128)
+    batch = paged_batch([64, 300], device, gen, head_size=128)
     unquantized = torch.cat(
         [
             ref.attention_ref(batch.query[i : i + 1], batch.key[a:b], batch.value[a:b], 128**-0.5)
@@ -442,39 +310,7 @@ def test_quantization_error_is_small(device: torch.device, gen: torch.Generator)
             )
         ]
     )
-    assert _rel_l2(_decode(batch), unquantized) < 2e-2
-
-
-def test_empty_batch(device: torch.device, gen: torch.Generator) -> None:
-    batch = _batch([], device, gen)
-    assert _decode(batch).shape == (0, 8, 64)
-    assert _prefill(batch).shape == (0, 8, 64)
-
-
-def test_nan_in_one_head_poisons_only_its_readers(
-    device: torch.device, gen: torch.Generator
-) -> None:
-    """NaN policy (prefill): only outputs that attend the bad (token, kv head) become NaN."""
-    seed = int(torch.randint(0, 2**31 - 1, (), generator=gen))
-    clean = _batch([40, 17], device, torch.Generator().manual_seed(seed), q_lens=[30, 17])
-    dirty = _batch([40, 17], device, torch.Generator().manual_seed(seed), q_lens=[30, 17])
-    # Sequence 0, token 25 (new token 15 of its chunk), kv head 1: rewrite its V with a NaN.
-    block, offset = int(dirty.block_table[0, 25 // 16]), 25 % 16
-    assert dirty.cache.v_scale is not None
-    dirty.cache.v_scale[block, 1, offset] = math.nan
-    got, want = _prefill(dirty), _prefill(clean)
-    poisoned = torch.zeros_like(got, dtype=torch.bool)
-    poisoned[15:30, 4:8] = True  # queries at positions >= 25 of sequence 0, kv head 1
-    assert got[poisoned].isnan().all()
-    # Programs that never load the token (other kv head, other sequence) are bit-identical.
-    same_head = torch.zeros_like(poisoned)
-    same_head[:30, 4:8] = True
-    assert torch.equal(got[~same_head], want[~same_head])
-    # The earlier queries of that kv head share its tile, where the NaN scale drops out of the
-    # tile's largest V scale and so may move P's int8 grid: rounding-level changes only.
-    earlier = same_head & ~poisoned
-    rel = (got[earlier] - want[earlier]).norm() / want[earlier].norm()
-    assert rel < 3e-4, rel
+    assert rel_l2(decode_out(batch), unquantized) < 2e-2
 
 
 @pytest.mark.parametrize(
@@ -492,7 +328,7 @@ def test_nan_in_one_head_poisons_only_its_readers(
 def test_decode_bad_input_is_one_line_error(
     change: str, argument: str, device: torch.device, gen: torch.Generator
 ) -> None:
-    batch = _batch([20, 33], device, gen)
+    batch = paged_batch([20, 33], device, gen)
     query, table, lens = batch.query, batch.block_table.clone(), batch.seq_lens.clone()
     window = None
     if change == "table_past_cache":
@@ -513,26 +349,6 @@ def test_decode_bad_input_is_one_line_error(
         decode_attention(query, batch.cache, table, lens, 0.1, sliding_window=window)
 
 
-def test_prefill_bad_cu_seqlens(device: torch.device, gen: torch.Generator) -> None:
-    batch = _batch([20, 33], device, gen, q_lens=[3, 4])
-    bad = batch.cu_seqlens_q.clone()
-    bad[1] = 9
-    with pytest.raises(InvalidInputError, match=r"^`cu_seqlens_q`"):
-        prefill_attention(batch.query, batch.cache, batch.block_table, batch.seq_lens, bad, 0.1)
-    with pytest.raises(InvalidInputError, match=r"^`seq_lens\[0\]`"):
-        prefill_attention(
-            batch.query,
-            batch.cache,
-            batch.block_table,
-            batch.seq_lens * 0 + 2,
-            batch.cu_seqlens_q,
-            0.1,
-        )
-
-
-# ---- Decode plans: one launch fixed for a shape, as a CUDA graph replays it ----
-
-
 def _plan_for(batch: PagedBatch, max_seq_len: int, **kwargs: Any) -> DecodePlan:
     query, cache = batch.query, batch.cache
     return plan_decode(
@@ -550,16 +366,20 @@ def _plan_for(batch: PagedBatch, max_seq_len: int, **kwargs: Any) -> DecodePlan:
 
 
 def test_plan_sizes_its_launch_and_scratch(device: torch.device, gen: torch.Generator) -> None:
-    batch = _batch([300, 1, 40], device, gen, group=16)
+    batch = paged_batch([300, 1, 40], device, gen, group=16)
     plan = _plan_for(batch, 300, out_dtype=torch.float32)
-    tile_n = int(paged_attention.decode_spec(**plan._geometry()).constexprs["TILE_N"])
+    tile_n = plan.config.tile_n
     # A context rounds up to whole KV tiles; every length rounding alike shares the plan.
     assert plan.max_seq_len == -(-300 // tile_n) * tile_n
     assert _plan_for(batch, plan.max_seq_len - 1, out_dtype=torch.float32) is plan
     # 16 query heads per kv head (2 kv heads): one program each on the fp16 P x V decode, two
     # of 8 columns each on the integer one.
     assert plan.fp16_pv and plan._decode_grid == (3, 2, plan.num_splits)
-    integer = _plan_for(batch, 300, out_dtype=torch.float32, fp16_pv=False)
+    integer_config = decode_config(
+        head_size=64, block_size=16, gqa=16, cache_dtype=torch.int8, target=plan_target(),
+        fp16_pv=False,
+    )  # fmt: skip
+    integer = _plan_for(batch, 300, out_dtype=torch.float32, config=integer_config)
     assert not integer.fp16_pv and integer._decode_grid == (3, 2 * 2, integer.num_splits)
     assert plan.num_splits > 1 and plan.tiles_per_split * plan.num_splits >= 300 / tile_n
     stats = 3 * 32 * plan.num_splits
@@ -586,9 +406,9 @@ def test_one_plan_serves_every_length_up_to_its_context(
 ) -> None:
     """The same plan, scratch and tensors, new lengths in seq_lens each time: what a replayed
     graph does. Two plans sharing one scratch buffer, run one after the other, as layers do."""
-    batch = _batch([300, 300, 300], device, gen)
+    batch = paged_batch([300, 300, 300], device, gen)
     plan = _plan_for(batch, 300, out_dtype=torch.float32, num_splits=num_splits)
-    other = _batch([90, 20, 5], device, gen, group=2)
+    other = paged_batch([90, 20, 5], device, gen, group=2)
     other_plan = _plan_for(other, 90, out_dtype=torch.float32)
     scratch = torch.empty(max(plan.scratch_elements, other_plan.scratch_elements, 1), device=device)
     seq_lens = batch.seq_lens
@@ -602,8 +422,8 @@ def test_one_plan_serves_every_length_up_to_its_context(
         other_out = other_plan.run(
             other.query, other.cache, other.block_table, other.seq_lens, 0.125, scratch=scratch
         )
-        _assert_close(out, _expected(batch), INT8_TOLERANCE)
-        _assert_close(other_out.float(), _expected_scaled(other, 0.125), 1e-2)
+        assert_close(out, reference_out(batch), ATTENTION_TOLERANCE)
+        assert_close(other_out.float(), _expected_scaled(other, 0.125), 1e-2)
 
 
 def _expected_scaled(batch: PagedBatch, scale: float) -> torch.Tensor:
@@ -649,7 +469,7 @@ def _host_work(monkeypatch: pytest.MonkeyPatch) -> Iterator[_HostWork]:
         guard.ops.append("Tensor.tolist")
         return real_tolist(tensor)
 
-    for module in (_common, paged_attention, cache_write_module):
+    for module in (_common, decode_attention_module, cache_write_module):
         monkeypatch.setattr(module, "launch", kernel_unguarded)
     monkeypatch.setattr(torch.Tensor, "tolist", recorded_tolist)
     with guard:
@@ -662,7 +482,7 @@ def test_plan_and_unvalidated_write_read_nothing_on_the_host_and_allocate_nothin
     """Given out and scratch: no .item(), .tolist(), int(tensor), allocation or copy around the
     kernels (the conditions of a CUDA-graph capture). The guard catches decode_attention's
     checks, and a plan left to allocate its scratch."""
-    batch = _batch([300, 17, 1], device, gen)
+    batch = paged_batch([300, 17, 1], device, gen)
     plan = _plan_for(batch, 300)
     scratch, out = plan.new_scratch(), torch.empty_like(batch.query)
     key = torch.randn(2, 2, 64, generator=gen).to(device, torch.bfloat16)
@@ -705,7 +525,7 @@ def test_plan_and_unvalidated_write_read_nothing_on_the_host_and_allocate_nothin
 def test_plan_run_refuses_tensors_of_another_shape_in_one_line(
     change: str, argument: str, device: torch.device, gen: torch.Generator
 ) -> None:
-    batch = _batch([200, 33], device, gen)
+    batch = paged_batch([200, 33], device, gen)
     plan = _plan_for(batch, 200, num_splits=2)
     scratch = plan.new_scratch()
     assert scratch is not None
@@ -761,45 +581,13 @@ def test_plan_decode_refuses_a_bad_geometry_in_one_line(argument: str, value: ob
         plan_decode(**(geometry | {argument: value}))
 
 
-# ---- GPU: the full matrix and longer contexts ----
-
-
-@pytest.mark.gpu
-@require_cuda()
-@pytest.mark.parametrize("head_size", [64, 80, 96, 128, 256])
-@pytest.mark.parametrize("block_size", [16, 32, 64])
-@pytest.mark.parametrize("group", [1, 4, 8, 16, 32])
-def test_decode_and_prefill_matrix_gpu(
-    head_size: int, block_size: int, group: int, device: torch.device, gen: torch.Generator
-) -> None:
-    batch = _batch(
-        [*_mixed_lens(block_size, 3000), 700],
-        device,
-        gen,
-        head_size=head_size,
-        block_size=block_size,
-        group=group,
-        q_lens=[1, block_size - 1, 2, 300, 1],
-    )
-    _assert_close(_prefill(batch), _expected(batch), INT8_TOLERANCE)
-    decode = _batch(
-        _mixed_lens(block_size, 5000),
-        device,
-        gen,
-        head_size=head_size,
-        block_size=block_size,
-        group=group,
-    )
-    _assert_close(_decode(decode), _expected(decode), INT8_TOLERANCE)
-
-
 @pytest.mark.gpu
 @require_cuda()
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
 def test_16_bit_baseline_gpu(
     cache_dtype: torch.dtype, device: torch.device, gen: torch.Generator
 ) -> None:
-    batch = _batch(
+    batch = paged_batch(
         [1, 15, 17, 4000],
         device,
         gen,
@@ -807,7 +595,7 @@ def test_16_bit_baseline_gpu(
         cache_dtype=cache_dtype,
         model_dtype=cache_dtype,
     )
-    _assert_close(_decode(batch), _expected(batch), BASELINE_TOLERANCE)
+    assert_close(decode_out(batch), reference_out(batch), BASELINE_TOLERANCE)
 
 
 def _last_slots(block_table: torch.Tensor, lengths: list[int], block_size: int) -> torch.Tensor:
@@ -822,6 +610,8 @@ def _last_slots(block_table: torch.Tensor, lengths: list[int], block_size: int) 
 # Lengths at capture, then at replay: shorter, every one at the plan's whole context, ragged, one
 # key each, and a padding row as vLLM's padded graphs bring (0 keys, block-table row -1, slot -1).
 _CAPTURE_LENGTHS = [700, 700, 700, 700]
+
+
 _GRAPH_REPLAYS = ([300, 200, 100, 50], [1024] * 4, [1, 1024, 17, 640], [1, 1, 1, 1], [900, 0, 5, 1])
 
 
@@ -899,7 +689,7 @@ def test_captured_write_and_decode_replay_exactly_as_eager_gpu(
             torch.arange(len(rows) + 1, dtype=torch.int32, device=device), scale,
         )  # fmt: skip
         tolerance = 1e-2  # bf16 output (test_decode_16_bit_output)
-        _assert_close(replayed[rows].float(), expected, tolerance)
+        assert_close(replayed[rows].float(), expected, tolerance)
 
 
 @pytest.mark.gpu
@@ -918,14 +708,14 @@ def test_compiled_launch_matches_the_jit_launch_gpu(
     Triton's JIT launch of the same plan gives, for the decode (INT8 GQA 32: the fp16 P x V
     one), its reducer and the cache write; a query whose address the compiled variant does not
     assume goes through the JIT instead."""
-    batch = _batch(
+    batch = paged_batch(
         [1, 300, 2000, 77], device, gen, head_size=128, group=group, cache_dtype=cache_dtype
     )
     key = torch.randn(4, 2, 128, generator=gen).to(device, torch.bfloat16)
     slots = torch.tensor([3, -1, 40, 41], device=device)
 
     def outputs(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        paged_attention.clear_spec_caches()  # plans and launchers made anew under the gate
+        decode_attention_module.clear_plan_caches()  # plans and launchers made anew under the gate
         written = allocate_cache(batch.cache.num_blocks, 2, 128, 16, cache_dtype, device)
         cache_write(written, key, key, slots, validate=False)
         plan = _plan_for(batch, 2000, num_splits=3)
@@ -942,6 +732,30 @@ def test_compiled_launch_matches_the_jit_launch_gpu(
     shifted.copy_(batch.query)
     assert shifted.data_ptr() % 16
     misaligned = outputs(shifted)[0]
-    error = _rel_l2(misaligned, direct[0])
+    error = rel_l2(misaligned, direct[0])
     assert error < 1e-6, error
-    paged_attention.clear_spec_caches()
+    decode_attention_module.clear_plan_caches()
+
+
+def test_empty_decode(device: torch.device, gen: torch.Generator) -> None:
+    batch = paged_batch([], device, gen)
+    assert decode_out(batch).shape == (0, 8, 64)
+
+
+@pytest.mark.gpu
+@require_cuda()
+@pytest.mark.parametrize("head_size", [64, 80, 96, 128, 256])
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+@pytest.mark.parametrize("group", [1, 4, 8, 16, 32])
+def test_decode_matrix_gpu(
+    head_size: int, block_size: int, group: int, device: torch.device, gen: torch.Generator
+) -> None:
+    decode = paged_batch(
+        mixed_lens(block_size, 5000),
+        device,
+        gen,
+        head_size=head_size,
+        block_size=block_size,
+        group=group,
+    )
+    assert_close(decode_out(decode), reference_out(decode), ATTENTION_TOLERANCE)

@@ -1,8 +1,8 @@
 """Decode attention on the H200: INT8 cache vs our 16-bit cache vs PyTorch SDPA on a dense cache.
 
 Run on a CUDA device:
-  python benchmarks/benchmark_paged_attention.py [--sweep | --splits | --budget | --flush]
-  python benchmarks/benchmark_paged_attention.py [--prefill | --prefill-sweep | --profile B C]
+  python benchmarks/benchmark_decode_attention.py [--sweep | --splits | --budget | --flush]
+  python benchmarks/benchmark_decode_attention.py [--geometry ... | --profile BATCH CONTEXT]
 
 Shapes are the issue's: bf16 model, 32 query heads, 8 kv heads, head size 128, block size 16,
 batch 1/16/64 x context 1k/8k/32k. Every sequence has the full context. Times are medians of
@@ -13,14 +13,11 @@ calls. GB/s counts the KV bytes a decode must read, scales included.
 
 Each call is timed as a replayed CUDA graph (kernel time, as vLLM runs decode), and the INT8 call
 also eagerly ("eager ms": the Python launch path included, which bounds the small shapes). A graph
-of one call still pays a graph launch and an event pair (~4 us on the H200, NOTES.md), which a
+of one call still pays a graph launch and an event pair (~4 us on the H200, DESIGN.md), which a
 decode inside a model's graph does not: "in graph" is the time per call of a graph of
 GRAPH_CALLS decodes, each over its own cache, so each still reads its bytes from DRAM.
 
-After the decode table, the chunked prefill of each PREFILL_SHAPES shape (batch x (cached + new
-tokens)) for both caches and for PyTorch's dense SDPA flash backend, each as kernel time: the
-prefill's checked launch (`plan_prefill`, which reads cu_seqlens_q on the host once) replayed as a
-CUDA graph. TFLOP/s counts the causal FLOPs of the new tokens.
+The chunked prefill has its own benchmark, benchmark_prefill_attention.py.
 """
 
 # mypy: disable-error-code="no-untyped-def, untyped-decorator"
@@ -29,22 +26,21 @@ CUDA graph. TFLOP/s counts the causal FLOPs of the new tokens.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import dataclasses
 import functools
 import importlib.util
 import itertools
 import statistics
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from kvquant import PrefillConfig, decode_attention
-from kvquant.ops import paged_attention
+from kvquant import DecodeConfig, DecodePlan, decode_attention, decode_config, plan_decode
 from kvquant.ops._common import launch
-from kvquant.ops.prefill_attention import plan_prefill
+from kvquant.ops.decode_attention import reduce_spec
 from kvquant.timing import (
     copy_bandwidth,
     graph_ms,
@@ -109,7 +105,7 @@ class DecodeSetup:
         self.context = context
         self.geometry = geometry
 
-    def run(self, num_splits: int | None = None) -> None:
+    def run(self, num_splits: int | None = None, config: DecodeConfig | None = None) -> None:
         decode_attention(
             self.query,
             self.cache,
@@ -120,6 +116,34 @@ class DecodeSetup:
             max_seq_len=self.context,
             validate=False,
             num_splits=num_splits,
+            config=config,
+        )
+
+    def plan(self, config: DecodeConfig | None = None) -> DecodePlan:
+        """The plan ``run`` launches through (its split count is the launcher's choice)."""
+        num_q_heads, num_kv_heads, head_size = self.geometry
+        return plan_decode(
+            num_seqs=self.query.shape[0],
+            max_seq_len=self.context,
+            num_q_heads=num_q_heads,
+            num_kv_heads=num_kv_heads,
+            head_size=head_size,
+            block_size=BLOCK_SIZE,
+            model_dtype=self.query.dtype,
+            cache_dtype=self.cache.dtype,
+            device=self.query.device,
+            config=config,
+        )
+
+    def config(self) -> DecodeConfig:
+        """The launch shape the decode ships with for this setup."""
+        num_q_heads, num_kv_heads, head_size = self.geometry
+        return decode_config(
+            head_size=head_size,
+            block_size=BLOCK_SIZE,
+            gqa=num_q_heads // num_kv_heads,
+            cache_dtype=self.cache.dtype,
+            target="cuda",
         )
 
 
@@ -175,65 +199,39 @@ def sweep() -> None:
     }
     shape_names = " ".join(f"{f'{b}/{c // 1024}k ms':>10}" for b, c in SWEEP_SHAPES)
     print(f"{'cache':>8} {'tile':>4} {'warps':>5} {'stages':>6} {shape_names} {'64/32k GB/s':>11}")
-    chosen_shape = paged_attention._decode_shape
-    chosen_stages = paged_attention._DECODE_STAGES
     for dtype in (torch.int8, MODEL_DTYPE):
-        spec = paged_attention.decode_spec(
-            head_size=HEAD_SIZE,
-            block_size=BLOCK_SIZE,
-            gqa=NUM_Q_HEADS // NUM_KV_HEADS,
-            model_dtype=MODEL_DTYPE,
-            cache_dtype=dtype,
-            target="cuda",
-        )
-        tile, warps = int(spec.constexprs["TILE_N"]), spec.num_warps
+        shipped = setups[dtype, SWEEP_SHAPES[0]].config()
+        tile, warps, stages = shipped.tile_n, shipped.num_warps, shipped.num_stages
         settings = [
-            (tile, warps, chosen_stages),
-            (tile, warps, chosen_stages - 1),
-            (tile // 2, warps, chosen_stages),
-            (tile * 2, warps, chosen_stages),
-            (tile, warps * 2, chosen_stages),
+            (tile, warps, stages),
+            (tile, warps, stages - 1),
+            (tile // 2, warps, stages),
+            (tile * 2, warps, stages),
+            (tile, warps * 2, stages),
         ]
         # The 16-bit decode's P x V dot has the tile's keys as its K: tl.dot needs K >= 16.
         settings = [setting for setting in settings if setting[0] >= 16]
-        for tile_n, num_warps, stages in settings:
-            paged_attention._decode_shape = lambda *_, shape=(tile_n, num_warps): shape
-            paged_attention._DECODE_STAGES = stages
-            paged_attention.clear_spec_caches()
-            times = [graph_ms(setups[dtype, shape].run) for shape in SWEEP_SHAPES]
+        for tile_n, num_warps, num_stages in settings:
+            config = dataclasses.replace(
+                shipped, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages
+            )
+            times = [
+                graph_ms(functools.partial(setups[dtype, shape].run, config=config))
+                for shape in SWEEP_SHAPES
+            ]
             gbs = kv_bytes(*SWEEP_SHAPES[-1], dtype) / times[-1] / 1e6
             name = str(dtype).removeprefix("torch.")
             print(
-                f"{name:>8} {tile_n:>4} {num_warps:>5} {stages:>6} "
+                f"{name:>8} {tile_n:>4} {num_warps:>5} {num_stages:>6} "
                 + " ".join(f"{t:>10.3f}" for t in times)
                 + f" {gbs:>11.0f}",
                 flush=True,
             )
-        paged_attention._decode_shape = chosen_shape
-        paged_attention._DECODE_STAGES = chosen_stages
-        paged_attention.clear_spec_caches()
 
 
 # Shapes of the split-count sweep: the rows of the table under the 3.8 TB/s and 1.7x targets.
 SPLIT_SHAPES = ((16, 8192), (64, 8192), (16, 32768), (64, 32768))
 SPLIT_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
-
-
-@contextlib.contextmanager
-def recorded_split_counts() -> Iterator[list[int]]:
-    """The split counts the launcher chooses inside the block, in order."""
-    chosen: list[int] = []
-    choose = paged_attention.choose_num_splits
-
-    def recording_choice(*args: int) -> int:
-        chosen.append(choose(*args))
-        return chosen[-1]
-
-    paged_attention.choose_num_splits = recording_choice  # type: ignore[assignment]
-    try:
-        yield chosen
-    finally:
-        paged_attention.choose_num_splits = choose
 
 
 def split_sweep() -> None:
@@ -242,23 +240,21 @@ def split_sweep() -> None:
     The 16-bit rows check the baseline of the "vs bf16" columns: its split count comes from the
     same model as the INT8 one, with other tiles and another register budget.
     """
-    with recorded_split_counts() as chosen:
-        print(
-            f"{'cache':>8} {'batch':>5} {'context':>7} {'chosen':>6}  "
-            + " ".join(f"{s or 'auto':>12}" for s in (None, *SPLIT_COUNTS))
-        )
-        print(f"{'':>31}(each: us / GB/s)")
-        for dtype, (batch, context) in itertools.product((torch.int8, MODEL_DTYPE), SPLIT_SHAPES):
-            setup = DecodeSetup(batch, context, dtype)
-            cells = []
-            for splits in (None, *SPLIT_COUNTS):
-                ms = graph_ms(functools.partial(setup.run, splits))
-                cells.append(f"{ms * 1e3:>6.1f}/{kv_bytes(batch, context, dtype) / ms / 1e6:<5.0f}")
-            name = str(dtype).removeprefix("torch.")
-            print(
-                f"{name:>8} {batch:>5} {context:>7} {chosen[-1]:>6}  " + " ".join(cells), flush=True
-            )
-            del setup
+    print(
+        f"{'cache':>8} {'batch':>5} {'context':>7} {'chosen':>6}  "
+        + " ".join(f"{s or 'auto':>12}" for s in (None, *SPLIT_COUNTS))
+    )
+    print(f"{'':>31}(each: us / GB/s)")
+    for dtype, (batch, context) in itertools.product((torch.int8, MODEL_DTYPE), SPLIT_SHAPES):
+        setup = DecodeSetup(batch, context, dtype)
+        cells = []
+        for splits in (None, *SPLIT_COUNTS):
+            ms = graph_ms(functools.partial(setup.run, splits))
+            cells.append(f"{ms * 1e3:>6.1f}/{kv_bytes(batch, context, dtype) / ms / 1e6:<5.0f}")
+        name = str(dtype).removeprefix("torch.")
+        chosen = setup.plan().num_splits
+        print(f"{name:>8} {batch:>5} {context:>7} {chosen:>6}  " + " ".join(cells), flush=True)
+        del setup
 
 
 @triton.jit
@@ -382,9 +378,8 @@ def budget() -> None:
     for batch, context in BUDGET_SHAPES:
         setups = [DecodeSetup(batch, context, torch.int8) for _ in range(GRAPH_CALLS)]
         runs = [setup.run for setup in setups]
-        with recorded_split_counts() as chosen:
-            full = [graph_ms(runs[0]), graph_ms(*runs)]
-        splits = chosen[-1]
+        full = [graph_ms(runs[0]), graph_ms(*runs)]
+        splits = setups[0].plan().num_splits
         num_bytes = kv_bytes(batch, context, torch.int8)
         plain_read = [plain_read_ms(num_bytes, calls) for calls in (1, GRAPH_CALLS)]
         over_read = [f - r for f, r in zip(full, plain_read, strict=True)]
@@ -393,7 +388,7 @@ def budget() -> None:
         for setup in setups:
             setup.seq_lens.fill_(1)
         one_key = [graph_ms(runs[0]), graph_ms(*runs)]
-        reduce = paged_attention.reduce_spec(head_size=HEAD_SIZE, model_dtype=MODEL_DTYPE)
+        reduce = reduce_spec(head_size=HEAD_SIZE, model_dtype=MODEL_DTYPE)
         out = setups[0].out
         partial_acc = torch.randn(batch, NUM_Q_HEADS, splits, HEAD_SIZE, device="cuda")
         partial_max = torch.randn(batch, NUM_Q_HEADS, splits, device="cuda")
@@ -467,30 +462,18 @@ def eager_ms(calls: Sequence[Callable[[], object]]) -> float:
 
 
 def planned_run(
-    setup: DecodeSetup, fp16_pv: bool | None = None
-) -> tuple[Callable[[], object], paged_attention.DecodePlan]:
-    """The decode as the vLLM plugin launches it: a DecodePlan and a scratch made once.
-    ``fp16_pv`` (INT8 caches): `plan_decode`'s choice of the P x V dot, None the launch's."""
-    num_q_heads, num_kv_heads, head_size = setup.geometry
-    plan = paged_attention.plan_decode(
-        num_seqs=setup.query.shape[0],
-        max_seq_len=setup.context,
-        num_q_heads=num_q_heads,
-        num_kv_heads=num_kv_heads,
-        head_size=head_size,
-        block_size=BLOCK_SIZE,
-        model_dtype=setup.query.dtype,
-        cache_dtype=setup.cache.dtype,
-        device=setup.query.device,
-        fp16_pv=fp16_pv if setup.cache.is_quantized else None,
-    )
+    setup: DecodeSetup, config: DecodeConfig | None = None
+) -> tuple[Callable[[], object], DecodePlan]:
+    """The decode as the vLLM plugin launches it: a DecodePlan and a scratch made once, at
+    ``config``'s launch shape (None: the shipped one)."""
+    plan = setup.plan(config)
     run = functools.partial(
         plan.run,
         setup.query,
         setup.cache,
         setup.block_table,
         setup.seq_lens,
-        head_size**-0.5,
+        setup.geometry[2] ** -0.5,
         out=setup.out,
         scratch=plan.new_scratch(),
     )
@@ -509,8 +492,7 @@ def upstream_bf16() -> Callable[[DecodeSetup], Callable[[], None]] | None:
 @dataclass(frozen=True)
 class PvChoice:
     """One INT8 decode of the geometry table (--pv): its P x V dot ("auto": the launch's
-    choice, "int8", "fp16"), and for fp16 optionally a forced launch shape, "fp16@TILExWARPS"
-    (a tuning sweep: it replaces the module's `_fp16_pv_shape` while its rows run)."""
+    choice, "int8", "fp16"), and for fp16 optionally a forced launch shape, "fp16@TILExWARPS"."""
 
     name: str
     fp16_pv: bool | None
@@ -539,25 +521,23 @@ def group_filter(text: str) -> tuple[int, int]:
     return int(query), int(kv)
 
 
-@contextlib.contextmanager
-def decode_launch(cap: int, choice: PvChoice) -> Iterator[None]:
-    """The module's launch constants as a geometry row needs them: the integer decode's column
-    cap (0: none), and the fp16 P x V decode's launch shape where ``choice`` forces one."""
-    shipped_cap = paged_attention._DECODE_COLUMNS_MAX.get("cuda")
-    shipped_shape = paged_attention._fp16_pv_shape
-    paged_attention._DECODE_COLUMNS_MAX["cuda"] = cap or 1 << 30
-    if choice.shape is not None:
-        paged_attention._fp16_pv_shape = lambda *_, shape=choice.shape: shape
-    paged_attention.clear_spec_caches()
-    try:
-        yield
-    finally:
-        if shipped_cap is None:
-            paged_attention._DECODE_COLUMNS_MAX.pop("cuda", None)
-        else:
-            paged_attention._DECODE_COLUMNS_MAX["cuda"] = shipped_cap
-        paged_attention._fp16_pv_shape = shipped_shape
-        paged_attention.clear_spec_caches()
+def int8_config(geometry: tuple[int, int, int], cap: int, choice: PvChoice) -> DecodeConfig:
+    """The INT8 decode's launch shape for a geometry row: the integer decode's column cap (0:
+    none), the P x V dot ``choice`` names, and its forced launch shape if any."""
+    num_q_heads, num_kv_heads, head_size = geometry
+    config = decode_config(
+        head_size=head_size,
+        block_size=BLOCK_SIZE,
+        gqa=num_q_heads // num_kv_heads,
+        cache_dtype=torch.int8,
+        target="cuda",
+        fp16_pv=choice.fp16_pv,
+        max_columns=cap,
+    )
+    if choice.shape is None:
+        return config
+    tile_n, num_warps = choice.shape
+    return dataclasses.replace(config, tile_n=tile_n, num_warps=num_warps)
 
 
 def geometry_table(
@@ -570,8 +550,8 @@ def geometry_table(
 
     "graph": per call of a graph of GRAPH_CALLS decodes over GRAPH_CALLS caches, replayed.
     "eager": per call of EAGER_CALLS back-to-back launches (`eager_ms`): through the plan as the
-    plugin launches it, and ("call") through decode_attention (its checks and plan lookup per
-    call; the launch's own choice, so only timed for "auto"). The 16-bit decode takes neither
+    plugin launches it, and ("call") through decode_attention at the same launch shape (its
+    checks and plan lookup per call). The 16-bit decode takes neither
     setting: it is timed once per geometry and shape, and its figures repeat.
     """
     upstream = upstream_bf16()
@@ -593,12 +573,11 @@ def geometry_table(
     ]
     baseline: dict[tuple[object, ...], dict[str, float]] = {}
     for cap, choice in itertools.product(column_caps, choices):
-        with decode_launch(cap, choice):
-            for geometry, (batch, context) in rows:
-                key = (geometry, batch, context)
-                if key not in baseline:
-                    baseline[key] = sixteen_bit_times(geometry, batch, context, upstream)
-                geometry_row(cap, choice, geometry, batch, context, baseline[key])
+        for geometry, (batch, context) in rows:
+            key = (geometry, batch, context)
+            if key not in baseline:
+                baseline[key] = sixteen_bit_times(geometry, batch, context, upstream)
+            geometry_row(cap, choice, geometry, batch, context, baseline[key])
 
 
 def sixteen_bit_times(
@@ -631,12 +610,14 @@ def geometry_row(
     setups = [
         DecodeSetup(batch, context, torch.int8, geometry=geometry) for _ in range(GRAPH_CALLS)
     ]
-    planned = [planned_run(setup, choice.fp16_pv) for setup in setups]
+    config = int8_config(geometry, cap, choice)
+    planned = [planned_run(setup, config) for setup in setups]
     runs = [run for run, _ in planned]
     times = dict(baseline)
     times["int8 graph"] = graph_ms(*runs)
     times["int8 eager"] = eager_ms(runs)
-    call = f"{eager_ms([setup.run for setup in setups]):>6.3f}" if choice.fp16_pv is None else "-"
+    calls = [functools.partial(setup.run, config=config) for setup in setups]
+    call = f"{eager_ms(calls):>6.3f}"
     plan = planned[0][1]
     del setups, planned, runs
     per_token_head = 2 * head_size + 8
@@ -663,103 +644,6 @@ def _us(times_ms: list[float]) -> str:
     return "/".join(f"{t * 1e3:.1f}" for t in times_ms)
 
 
-# Chunked prefill shapes: (batch, cached tokens, new tokens) per sequence; the new tokens are in
-# the cache too, as after the step's cache write.
-PREFILL_SHAPES = ((4, 2048, 2048), (4, 16384, 2048), (1, 32768, 4096), (8, 0, 2048))
-# Launch shapes `--prefill-sweep` times: (rows, tile_n, warps, stages).
-PREFILL_SWEEP = (
-    (64, 64, 4, 2),
-    (128, 64, 8, 2),
-    (128, 64, 8, 3),
-    (128, 32, 8, 3),
-    (128, 128, 8, 2),
-    (128, 64, 4, 3),
-    (256, 64, 8, 2),
-)
-
-
-def prefill_flops(batch: int, cached: int, new: int) -> float:
-    """Causal FLOPs of the new tokens: Q x K and P x V over the prefix and, causally, themselves."""
-    return 4 * batch * new * NUM_Q_HEADS * HEAD_SIZE * (cached + (new + 1) / 2)
-
-
-def prefill_ms(
-    batch: int, cached: int, new: int, cache_dtype: torch.dtype, config: PrefillConfig | None = None
-) -> float:
-    """One chunked prefill, its checked launch (`plan_prefill`) replayed as a CUDA graph."""
-    setup = DecodeSetup(batch, cached + new, cache_dtype)
-    query = torch.randn(batch * new, NUM_Q_HEADS, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE)
-    cu_seqlens_q = torch.arange(0, (batch + 1) * new, new, device="cuda", dtype=torch.int32)
-    plan = plan_prefill(
-        query, setup.cache, setup.block_table, setup.seq_lens, cu_seqlens_q, SOFTMAX_SCALE,
-        config=config,
-    )  # fmt: skip
-    return graph_ms(plan.run)
-
-
-def sdpa_prefill_ms(batch: int, cached: int, new: int) -> float:
-    """The same attention on a dense bf16 cache through PyTorch's flash backend: GQA by
-    repeating K and V, a cached prefix by the lower-right causal mask."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.attention.bias import causal_lower_right
-
-    group = NUM_Q_HEADS // NUM_KV_HEADS
-    q = torch.randn(batch, NUM_Q_HEADS, new, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE)
-    k, v = (
-        torch.randn(
-            batch, NUM_KV_HEADS, cached + new, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE
-        ).repeat_interleave(group, dim=1)
-        for _ in range(2)
-    )
-    mask = causal_lower_right(new, cached + new) if cached else None
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def run() -> None:
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            sdpa(q, k, v, attn_mask=mask, is_causal=not cached)
-
-    return graph_ms(run)
-
-
-def prefill_table() -> None:
-    """Chunked prefill of both caches at their shipped launch shapes, and dense SDPA flash."""
-    print("prefill: batch x (cached + new), kernel time (CUDA graph), TFLOP/s of causal FLOPs")
-    print(
-        f"{'shape':>18} {'int8 ms':>8} {'TFLOP/s':>7} {'bf16 ms':>8} {'TFLOP/s':>7} "
-        f"{'sdpa ms':>8} {'TFLOP/s':>7} {'int8/bf16':>9} {'int8/sdpa':>9} {'bf16/sdpa':>9}"
-    )
-    for batch, cached, new in PREFILL_SHAPES:
-        flops = prefill_flops(batch, cached, new)
-        int8_ms, bf16_ms = (prefill_ms(batch, cached, new, d) for d in (torch.int8, MODEL_DTYPE))
-        dense_ms = sdpa_prefill_ms(batch, cached, new)
-        shape = f"{batch} x ({cached} + {new})"
-        ratios = ((int8_ms, bf16_ms), (int8_ms, dense_ms), (bf16_ms, dense_ms))
-        print(
-            f"{shape:>18} "
-            + " ".join(f"{t:>8.3f} {flops / t / 1e9:>7.0f}" for t in (int8_ms, bf16_ms, dense_ms))
-            + "".join(f" {a / b:>8.2f}x" for a, b in ratios),
-            flush=True,
-        )
-
-
-def prefill_sweep() -> None:
-    """INT8 and bf16 chunked prefill at each launch shape of PREFILL_SWEEP, every shape."""
-    names = " ".join(f"{f'{b}x({c}+{n})':>14}" for b, c, n in PREFILL_SHAPES)
-    print(f"{'cache':>8} {'rows':>4} {'tile':>4} {'warps':>5} {'stages':>6} {names}  (ms)")
-    for dtype, (rows, tile_n, warps, stages) in itertools.product(
-        (torch.int8, MODEL_DTYPE), PREFILL_SWEEP
-    ):
-        config = PrefillConfig(rows=rows, tile_n=tile_n, num_warps=warps, num_stages=stages)
-        cells = []
-        for shape in PREFILL_SHAPES:
-            try:
-                cells.append(f"{prefill_ms(*shape, dtype, config):>14.3f}")
-            except Exception as error:  # a shape that does not fit: say so, go on
-                cells.append(f"{type(error).__name__[:14]:>14}")
-        launch_shape = f"{rows:>4} {tile_n:>4} {warps:>5} {stages:>6}"
-        print(f"{str(dtype)[6:]:>8} {launch_shape} " + " ".join(cells), flush=True)
-
-
 def profile_target(batch: int, context: int) -> None:
     """Three INT8 and three bf16 decodes of one shape, for a profiler (ncu --launch-skip)."""
     for dtype in (torch.int8, MODEL_DTYPE):
@@ -781,12 +665,6 @@ def main() -> None:
     )
     parser.add_argument(
         "--flush", action="store_true", help="time decodes after each way of clearing the L2"
-    )
-    parser.add_argument(
-        "--prefill", action="store_true", help="time the chunked prefill's shapes instead"
-    )
-    parser.add_argument(
-        "--prefill-sweep", action="store_true", help="sweep chunked-prefill launch shapes instead"
     )
     parser.add_argument(
         "--geometry",
@@ -838,15 +716,10 @@ def main() -> None:
         budget()
     elif args.flush:
         flush_check()
-    elif args.prefill:
-        prefill_table()
-    elif args.prefill_sweep:
-        prefill_sweep()
     elif args.geometry:
         geometry_table(args.columns, args.pv, args.groups)
     else:
         table(copy_bandwidth())
-        prefill_table()
 
 
 if __name__ == "__main__":

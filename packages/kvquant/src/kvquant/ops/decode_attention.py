@@ -1,20 +1,19 @@
-"""Paged attention over the INT8 (or 16-bit) cache: decode with split-KV, and varlen prefill.
+"""Paged decode attention over the INT8 (or 16-bit) cache, with split-KV: kernels, specs, plans.
 
-Two kernels share one tile loader (``load_tile``). A program owns one kv head and all query
-heads that share it (decode), times a block of query tokens (prefill), so each K/V byte is loaded
-once per tile. It walks KV tiles of TILE_N tokens with an online softmax. Prefill puts its query
-rows along the dots' M dimension (``_attend_tiles``); decode has only the group's few query heads,
-so it puts the keys there and the query heads along N (``_decode_tiles``), and on CUDA one warp
-owns a program. A decode program covers one split of its sequence's tiles and writes an
-unnormalised partial result; ``_reduce_splits_kernel`` combines them (flash-decoding). With one
-split (batches that fill the device alone) the decode writes the result and no reducer runs. Split
-count, GQA ratio, softcap and sliding window are runtime arguments, so one compiled variant per
-head size, block size and dtypes serves every call and every GQA ratio that pads alike
-(``aot_specs``).
+A program owns one kv head and the query heads that share it, so each K/V byte is loaded once per
+tile, and walks KV tiles of TILE_N tokens (``load_tile``) with an online softmax. Decode has only
+the group's few query heads, so it puts the keys along the dots' M dimension and the query heads
+along N (``_decode_tiles``), and on CUDA one warp owns a program. A program covers one split of
+its sequence's tiles and writes an unnormalised partial result; ``_reduce_splits_kernel``
+combines them (flash-decoding). With one split (batches that fill the device alone) the decode
+writes the result and no reducer runs. Split count (`_splits`), GQA ratio, softcap and sliding
+window are runtime arguments, so one compiled variant per head size, block size and dtypes serves
+every call and every GQA ratio that pads alike (``aot_specs``). A launch shape is a
+`DecodeConfig`: `decode_config` chooses it, a sweep passes its own.
 
 INT8 specifics (why they are done this way):
 - Both dots run on int8 codes with int32 accumulation, exact: no code is converted to a float
-  inside the loop (converting them cost 10% on the H200, NOTES.md). Each query row is scaled to
+  inside the loop (converting them cost 10% on the H200, DESIGN.md). Each query row is scaled to
   [-127, 127] and split into two int8 tiles, hi + lo / 254 (14 bits, finer than fp16); so is P,
   which lies in [0, 1] after each key's entries are multiplied by its V scale over the tile's
   largest.
@@ -81,7 +80,7 @@ from ._paged_tiles import (
     v_weights,
     widen_codes,
 )
-from .prefill_attention import prefill_spec
+from ._splits import choose_num_splits
 
 # The fp16 P x V decode (USE_FP16_PV) moves its running max only when a tile's scores pass it by
 # more than this (log2 units), and its V reference only when a tile's V scale passes it: P then
@@ -103,7 +102,7 @@ _DECODE_TILE_N_MAX = 64
 _DECODE_TILE_N_HIP = 128
 # Query-head columns of one INT8 decode program, at most (`_decode_columns`), by target; a wider
 # group is split over programs that each read the kv head's tiles (the others from L2). On the
-# H200 (bf16 model, head 128, block 16, graph of 4 calls; `benchmark_paged_attention.py
+# H200 (bf16 model, head 128, block 16, graph of 4 calls; `benchmark_decode_attention.py
 # --geometry --columns 8 16 0`): MQA 32/1 at 32 x 8k took 0.055 ms at 8 columns, 0.068 at 16 and
 # 0.061 uncapped; 16/1 0.036 / 0.042 / 0.042; 32/2 0.059 / 0.069 / 0.069; GQA 4-8 the same at
 # every cap (one block). The 16-bit decode is fastest uncapped (MQA 0.057 ms, 0.116 at 8
@@ -133,26 +132,19 @@ _FP16_PV_COLUMNS_MAX = 32
 # bytes there with 3.9, head 256 up to 400 (4 warps: 248). Chosen on resource use; not timed.
 _FP16_PV_ACC_ELEMENTS = 64
 _FP16_PV_V_LOAD_COLUMNS = 2048
-# Split-KV choice (version 7, NOTES.md). Decode programs start in waves of `slots` (SMs times
-# the programs one SM holds, from the compiled kernel: the one-split variant's own for one
-# split, session 11); a split count s costs about
-#   waves(s) * (tiles per split + _SPLIT_OVERHEAD_TILES),
-# the overhead being the query prologue and the partial-result epilogue. On the H200 this model
-# ranked the measured split counts of batch 4/16/64 x 8k/32k in their measured order.
-_SPLIT_OVERHEAD_TILES = 2
 # Slots assumed under the interpreter (no device to ask); small, so CPU tests still split.
 _INTERPRETER_SLOTS = 64
-# Warps of the prefill kernel and of the HIP decode, from the benchmark's --sweep on the H200
-# (NOTES.md, version 2): 4 warps beat 8 by 40-70%.
-_NUM_WARPS = 4
+# Warps of the HIP decode, as the prefill's were on the H200 when both took 4 warps
+# (DESIGN.md): 4 warps beat 8 by 40-70%. Not timed on a gfx90a.
+_NUM_WARPS_HIP = 4
 # Decode pipeline stages on CUDA. With one warp per program, 3 beat 2 (H200, INT8, batch 16 / 8k
 # 86 against 105 us, 64 / 32k 1.036 against 1.051 ms; bf16 within 1%; NOTES.md, session 7).
 _DECODE_STAGES = 3
 # On HIP (gfx90a) the attention kernels take no software pipelining: CDNA hides latency with
 # waves per SIMD, and the pipeliner's extra buffers cost registers. Ahead-of-time build for
 # gfx90a, head 128, INT8 decode: 256 VGPRs + 47 AGPRs, 1 wave per SIMD at 3 stages; 132 VGPRs, 3
-# waves at 1 stage. INT8 prefill: 1 VGPR spilled at 3 stages, none at 1 (NOTES.md, session 3).
-# Chosen on resource use; not timed on a gfx90a (none is reachable from this project).
+# waves at 1 stage. Chosen on resource use; not timed on a gfx90a (none is reachable from this
+# project).
 _NUM_STAGES_HIP = 1
 # Splits the reducer combines per step; the split count itself is a runtime argument.
 _SPLIT_TILE = 16
@@ -540,28 +532,6 @@ def _multiprocessor_count(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
-@functools.lru_cache(maxsize=4096)
-def choose_num_splits(num_programs: int, num_tiles: int, slots: int, one_split_slots: int) -> int:
-    """Split-KV count for decode: the cheapest under the wave model above, never an empty split.
-
-    ``num_programs`` is the unsplit grid (sequences x kv heads), ``num_tiles`` the KV tiles of the
-    longest sequence, ``slots`` the programs of the split decode the whole device holds at once,
-    ``one_split_slots`` those of the one-split variant, which is what one split launches. Ties go
-    to fewer splits (less partial-result traffic).
-    """
-
-    def cost(splits: int) -> int:
-        per_split = -(-num_tiles // splits)
-        used_splits = -(-num_tiles // per_split)
-        device_slots = one_split_slots if used_splits == 1 else slots
-        waves = -(-num_programs * used_splits // device_slots)
-        return waves * (per_split + _SPLIT_OVERHEAD_TILES)
-
-    best = min(range(1, max(num_tiles, 1) + 1), key=lambda splits: (cost(splits), splits))
-    # Rounding: every split gets the same whole number of tiles and the last one is not empty.
-    return int(triton.cdiv(num_tiles, triton.cdiv(num_tiles, best)))
-
-
 _decode_slots: dict[tuple[Any, ...], int] = {}
 
 
@@ -587,28 +557,34 @@ def _decode_stages(target: str) -> int:
 
 
 def _decode_shape(
-    constexprs: dict[str, int | float | bool], cache_dtype: torch.dtype, target: str
+    head_pad: int, columns: int, cache_dtype: torch.dtype, target: str
 ) -> tuple[int, int]:
     """(KV tile, warps) of a decode program; see _DECODE_TILE_BYTES."""
     if target == "hip":
-        return _DECODE_TILE_N_HIP, _NUM_WARPS
-    head_pad, columns = int(constexprs["HEAD_PAD"]), int(constexprs["GROUP_PAD"])
+        return _DECODE_TILE_N_HIP, _NUM_WARPS_HIP
     num_warps = min(max(head_pad * columns // (_DECODE_ACC_ELEMENTS * 32), 1), 2)
     lane_bytes = _DECODE_TILE_BYTES[cache_dtype.itemsize]
     tile_n = lane_bytes * 32 // (head_pad * cache_dtype.itemsize) // num_warps
     return min(max(tile_n, PAGE_RUN.value * num_warps), _DECODE_TILE_N_MAX), num_warps
 
 
-def _decode_columns(gqa: int, target: str, quantized: bool, fp16_pv: bool) -> int:
+def _decode_columns(
+    gqa: int, target: str, quantized: bool, fp16_pv: bool, max_columns: int | None
+) -> int:
     """Decode query heads per program, the dots' N: the group padded to a power of two, at least
     the narrowest integer MMA (n8 on CUDA; gfx90a's MFMA takes 16, narrower falls back to FMA),
     at most _FP16_PV_COLUMNS_MAX for the fp16 P x V decode, else for INT8 at most
-    _DECODE_COLUMNS_MAX[target]; a wider group is split over programs (`head_blocks`)."""
+    ``max_columns`` (0: no cap), _DECODE_COLUMNS_MAX[target] if None; a wider group is split
+    over programs (`head_blocks`)."""
     columns = max(next_power_of_2(gqa), 16 if target == "hip" else 8)
     if fp16_pv:
         cap: int | None = _FP16_PV_COLUMNS_MAX
+    elif not quantized:
+        cap = None
+    elif max_columns is None:
+        cap = _DECODE_COLUMNS_MAX.get(target)
     else:
-        cap = _DECODE_COLUMNS_MAX.get(target) if quantized else None
+        cap = max_columns or None
     return columns if cap is None else min(columns, cap)
 
 
@@ -645,6 +621,68 @@ _RUNTIME_PARAMS = {
 }
 
 
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch shape of one decode program (`decode_config` chooses it; sweeps pass their own).
+
+    Attributes:
+        columns: query heads per program, the dots' N (GROUP_PAD): a power of two; a wider group
+            is split over programs.
+        tile_n: keys per KV tile (a multiple of 16: whole runs of a page).
+        num_warps, num_stages: launch options.
+        fp16_pv: INT8 only: the P x V dot in fp16 (USE_FP16_PV), else on integer MMAs.
+    """
+
+    columns: int
+    tile_n: int
+    num_warps: int
+    num_stages: int
+    fp16_pv: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("columns", "tile_n", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise InvalidInputError(f"`{name}` is {value}; expected a power of two")
+        if self.tile_n < PAGE_RUN.value or self.num_stages < 1:
+            raise InvalidInputError(
+                f"decode config {self}: expected tile_n >= {PAGE_RUN.value} and num_stages >= 1"
+            )
+
+
+@functools.cache
+def decode_config(
+    *,
+    head_size: int,
+    block_size: int,
+    gqa: int,
+    cache_dtype: torch.dtype,
+    target: str,
+    fp16_pv: bool | None = None,
+    max_columns: int | None = None,
+) -> DecodeConfig:
+    """The launch shape the decode ships with for this geometry on ``target`` ("cuda", "hip" or
+    "interpreter"). ``fp16_pv``: the INT8 decode with the P x V dot in fp16, or the integer one;
+    None: the shipped choice (_FP16_PV_MIN_COLUMNS). ``max_columns``: another cap on the integer
+    INT8 decode's query-head columns than _DECODE_COLUMNS_MAX (a sweep's; 0: none)."""
+    quantized = cache_dtype == torch.int8
+    if fp16_pv is None:
+        fp16_pv = _fp16_pv_default(gqa, quantized, target)
+    elif fp16_pv and not (quantized and target in _FP16_PV_MIN_COLUMNS):
+        raise InvalidInputError(
+            f"`fp16_pv` is True for a {cache_dtype} cache on {target}; the fp16 P x V decode "
+            f"takes an INT8 cache on {' or '.join(_FP16_PV_MIN_COLUMNS)}"
+        )
+    columns = _decode_columns(gqa, target, quantized, fp16_pv, max_columns)
+    head_pad = next_power_of_2(head_size)
+    if fp16_pv:
+        constexprs = shared_constexprs(head_size, block_size, cache_dtype, target)
+        tile_n, num_warps = _fp16_pv_shape(head_pad, columns, bool(constexprs["V_PAGEWISE"]))
+    else:
+        tile_n, num_warps = _decode_shape(head_pad, columns, cache_dtype, target)
+    return DecodeConfig(columns, tile_n, num_warps, _decode_stages(target), fp16_pv)
+
+
 @functools.cache
 def decode_spec(
     *,
@@ -656,38 +694,33 @@ def decode_spec(
     target: str,
     out_dtype: torch.dtype | None = None,
     one_split: bool = False,
-    fp16_pv: bool | None = None,
+    config: DecodeConfig | None = None,
 ) -> KernelSpec:
     """The decode kernel the launcher compiles; ``target`` also takes "interpreter", out_dtype
     (fp32 for tests) defaults to the model's. ``one_split``: the variant for one split, which
-    writes the result itself (no reducer). ``fp16_pv``: the INT8 decode with the P x V dot in
-    fp16 (USE_FP16_PV), or the integer one; None: the launch's choice (_FP16_PV_MIN_COLUMNS).
-
-    Cached: launches call it every time. Tuning sweeps that change the module's constants call
-    ``clear_spec_caches()``."""
-    quantized = cache_dtype == torch.int8
-    if fp16_pv is None:
-        fp16_pv = _fp16_pv_default(gqa, quantized, target)
-    elif fp16_pv and not (quantized and target in _FP16_PV_MIN_COLUMNS):
+    writes the result itself (no reducer). ``config``: the launch shape, `decode_config`'s if
+    None. Cached: launches call it every time."""
+    if config is None:
+        config = decode_config(
+            head_size=head_size,
+            block_size=block_size,
+            gqa=gqa,
+            cache_dtype=cache_dtype,
+            target=target,
+        )
+    elif config.fp16_pv and not (cache_dtype == torch.int8 and target in _FP16_PV_MIN_COLUMNS):
         raise InvalidInputError(
             f"`fp16_pv` is True for a {cache_dtype} cache on {target}; the fp16 P x V decode "
             f"takes an INT8 cache on {' or '.join(_FP16_PV_MIN_COLUMNS)}"
         )
     constexprs = shared_constexprs(head_size, block_size, cache_dtype, target)
-    constexprs["GROUP_PAD"] = _decode_columns(gqa, target, quantized, fp16_pv)
-    if fp16_pv:
-        tile_n, num_warps = _fp16_pv_shape(
-            int(constexprs["HEAD_PAD"]),
-            int(constexprs["GROUP_PAD"]),
-            bool(constexprs["V_PAGEWISE"]),
-        )
+    constexprs["GROUP_PAD"] = config.columns
+    if config.fp16_pv:
         # Its fp16 dots, like the 16-bit ones, go to the interpreter in fp32 (exact there).
         constexprs["DOT_IN_FP32"] = target == "interpreter"
-    else:
-        tile_n, num_warps = _decode_shape(constexprs, cache_dtype, target)
-    constexprs["TILE_N"] = tile_n
+    constexprs["TILE_N"] = config.tile_n
     constexprs["ONE_SPLIT"] = one_split
-    constexprs["USE_FP16_PV"] = fp16_pv
+    constexprs["USE_FP16_PV"] = config.fp16_pv
     types = attention_types(
         _RUNTIME_PARAMS["decode_attention"], model_dtype, cache_dtype, out_dtype or model_dtype
     )
@@ -696,8 +729,8 @@ def decode_spec(
         _decode_kernel,
         types,
         constexprs,
-        num_warps=num_warps,
-        num_stages=_decode_stages(target),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
         unaligned=FREE_STRIDES,
     )
 
@@ -719,10 +752,9 @@ def reduce_spec(
     )
 
 
-def clear_spec_caches() -> None:
-    """Forget derived specs, after a tuning sweep changed the module's constants."""
-    for spec_function in (decode_spec, prefill_spec, reduce_spec, _decode_tile, _plan):
-        spec_function.cache_clear()
+def clear_plan_caches() -> None:
+    """Forget plans and their launchers (tests that switch `_common.DIRECT_LAUNCH`)."""
+    _plan.cache_clear()
     _decode_slots.clear()
     clear_launch_caches()
 
@@ -736,8 +768,8 @@ def aot_specs(
     cache_dtype: torch.dtype,
     target: str,
 ) -> list[KernelSpec]:
-    """Decode attention (split and one-split variants), its split reducer and prefill attention
-    for one model configuration.
+    """Decode attention (split and one-split variants) and its split reducer for one model
+    configuration.
 
     Softcap, sliding window, the split count, the GQA ratio and the block size are runtime
     arguments (except INT8 at block 16, see V_PAGEWISE), as are the INT8 kernels' model dtype and
@@ -756,7 +788,6 @@ def aot_specs(
         decode_spec(**geometry),
         decode_spec(**geometry, one_split=True),
         reduce_spec(head_size=head_size, model_dtype=model_dtype),
-        prefill_spec(**geometry),
     ]
 
 
@@ -773,6 +804,7 @@ def decode_attention(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     validate: bool = True,
+    config: DecodeConfig | None = None,
 ) -> torch.Tensor:
     """Attention of one new query token per sequence over its paged K/V.
 
@@ -792,6 +824,7 @@ def decode_attention(
             past it are not attended.
         num_splits: force a split-KV count (tests); chosen by ``choose_num_splits`` if None.
         validate: check seq_lens and block_table on the device first (one host sync).
+        config: the launch shape (sweeps); `decode_config`'s if None.
 
     Returns:
         ``out`` (allocated if None), ``[num_seqs, num_q_heads, head_size]`` in query's dtype.
@@ -832,6 +865,7 @@ def decode_attention(
         out_dtype=result.dtype,
         sliding_window=sliding_window,
         num_splits=num_splits,
+        config=config,
     )
     seq_lens = index_tensor(seq_lens)
     return plan.run(query, cache, block_table, seq_lens, softmax_scale, softcap=softcap, out=result)
@@ -865,7 +899,7 @@ class DecodePlan:
     out_dtype: torch.dtype
     device: torch.device
     sliding_window: int | None
-    fp16_pv: bool  # the INT8 decode's P x V dot in fp16 (`decode_spec`)
+    config: DecodeConfig
     num_splits: int
     tiles_per_split: int
     scratch_elements: int
@@ -878,6 +912,11 @@ class DecodePlan:
     _decode_scalars: tuple[int, ...] = field(repr=False)
     _stats_offset: int = field(repr=False)  # where the partial maxima and sums start in scratch
     _stats_padded: int = field(repr=False)
+
+    @property
+    def fp16_pv(self) -> bool:
+        """Whether the INT8 decode's P x V dot runs in fp16 (`DecodeConfig`)."""
+        return self.config.fp16_pv
 
     def new_scratch(self) -> torch.Tensor | None:
         """A scratch buffer for ``run`` (None when the plan has one split and needs none)."""
@@ -978,7 +1017,12 @@ class DecodePlan:
             stats = self._stats_offset
             partials = (scratch, scratch[stats:], scratch[stats + self._stats_padded :])
         launch(
-            decode_spec(**self._geometry(), out_dtype=self.out_dtype, one_split=scratch is None),
+            decode_spec(
+                **self._geometry(),
+                out_dtype=self.out_dtype,
+                one_split=scratch is None,
+                config=self.config,
+            ),
             self._decode_grid,
             kernel_operand(out, cache), *partials, kernel_operand(query, cache), k, v, k_scale,
             v_scale, block_table, seq_lens, *scalars, *self._decode_scalars, *strides,
@@ -1001,7 +1045,6 @@ class DecodePlan:
             "model_dtype": self.model_dtype,
             "cache_dtype": self.cache_dtype,
             "target": runtime_target(self.device),
-            "fp16_pv": self.fp16_pv,
         }
 
     def _check_inputs(
@@ -1084,7 +1127,7 @@ def plan_decode(
     out_dtype: torch.dtype | None = None,
     sliding_window: int | None = None,
     num_splits: int | None = None,
-    fp16_pv: bool | None = None,
+    config: DecodeConfig | None = None,
 ) -> DecodePlan:
     """The `DecodePlan` of a decode of ``num_seqs`` sequences of at most ``max_seq_len`` keys.
 
@@ -1096,8 +1139,8 @@ def plan_decode(
         out_dtype: the output's dtype, ``model_dtype`` if None (float32 for tests).
         sliding_window: the window the plan's launches apply, as in `decode_attention`.
         num_splits: force a split-KV count (rounded so that no split is empty).
-        fp16_pv: force the INT8 decode's P x V dot in fp16 (True, CUDA only) or on integer
-            MMAs (False); None: the launch's choice for the group (`decode_spec`).
+        config: the launch shape, `decode_config`'s if None (e.g. ``decode_config(...,
+            fp16_pv=True)`` forces the INT8 decode's P x V dot in fp16, CUDA only).
     """
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -1106,13 +1149,18 @@ def plan_decode(
         num_seqs, max_seq_len, num_q_heads, num_kv_heads, head_size, block_size, model_dtype,
         cache_dtype, out_dtype, sliding_window, num_splits,
     )  # fmt: skip
-    tile_n = _decode_tile(
-        head_size, block_size, num_q_heads // num_kv_heads, model_dtype, cache_dtype, device,
-        fp16_pv,
-    )  # fmt: skip
+    target = runtime_target(device)
+    if config is None:
+        config = decode_config(
+            head_size=head_size,
+            block_size=block_size,
+            gqa=num_q_heads // num_kv_heads,
+            cache_dtype=cache_dtype,
+            target=target,
+        )
     return _plan(
         num_seqs,
-        -(-max_seq_len // tile_n) * tile_n,
+        -(-max_seq_len // config.tile_n) * config.tile_n,
         num_q_heads,
         num_kv_heads,
         head_size,
@@ -1123,31 +1171,8 @@ def plan_decode(
         out_dtype or model_dtype,
         sliding_window,
         num_splits,
-        fp16_pv,
+        config,
     )
-
-
-@functools.lru_cache(maxsize=1024)
-def _decode_tile(
-    head_size: int,
-    block_size: int,
-    gqa: int,
-    model_dtype: torch.dtype,
-    cache_dtype: torch.dtype,
-    device: torch.device,
-    fp16_pv: bool | None,
-) -> int:
-    """The decode's KV tile (TILE_N) on ``device``: plans round their context up to it."""
-    spec = decode_spec(
-        head_size=head_size,
-        block_size=block_size,
-        gqa=gqa,
-        model_dtype=model_dtype,
-        cache_dtype=cache_dtype,
-        target=runtime_target(device),
-        fp16_pv=fp16_pv,
-    )
-    return int(spec.constexprs["TILE_N"])
 
 
 @functools.lru_cache(maxsize=1024)
@@ -1164,7 +1189,7 @@ def _plan(
     out_dtype: torch.dtype,
     sliding_window: int | None,
     num_splits: int | None,
-    fp16_pv: bool | None,
+    config: DecodeConfig,
 ) -> DecodePlan:
     gqa = num_q_heads // num_kv_heads
     geometry = {
@@ -1175,13 +1200,12 @@ def _plan(
         "cache_dtype": cache_dtype,
         "target": runtime_target(device),
     }
-    decode = decode_spec(**geometry, out_dtype=out_dtype, fp16_pv=fp16_pv)
-    fp16_pv = bool(decode.constexprs["USE_FP16_PV"])
-    one_split = decode_spec(**geometry, out_dtype=out_dtype, one_split=True, fp16_pv=fp16_pv)
-    tile_n = int(decode.constexprs["TILE_N"])
+    decode = decode_spec(**geometry, out_dtype=out_dtype, config=config)
+    one_split = decode_spec(**geometry, out_dtype=out_dtype, one_split=True, config=config)
+    tile_n = config.tile_n
     span = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window + tile_n)
     num_tiles = max(triton.cdiv(span, tile_n), 1)
-    programs_per_seq = num_kv_heads * _head_blocks(gqa, int(decode.constexprs["GROUP_PAD"]))
+    programs_per_seq = num_kv_heads * _head_blocks(gqa, config.columns)
     if num_splits is None:
         num_splits = choose_num_splits(
             num_seqs * programs_per_seq,
@@ -1211,7 +1235,7 @@ def _plan(
         out_dtype=out_dtype,
         device=device,
         sliding_window=sliding_window,
-        fp16_pv=fp16_pv,
+        config=config,
         num_splits=num_splits,
         tiles_per_split=tiles_per_split,
         scratch_elements=stats * head_size + 2 * stats_padded,

@@ -1,0 +1,145 @@
+"""Chunked prefill on the H200: INT8 cache vs our 16-bit cache vs PyTorch's dense SDPA flash.
+
+Run on a CUDA device:
+  python benchmarks/benchmark_prefill_attention.py [--sweep]
+
+Shapes (PREFILL_SHAPES, batch x (cached + new tokens)) in the decode benchmark's geometry: bf16
+model, 32 query heads, 8 kv heads, head size 128, block size 16; random, non-zero inputs. Each
+time is kernel time, the median of CUDA-event timings of a replayed CUDA graph after a 256 MB
+read that clears the L2 (`kvquant.timing`): the prefill's checked launch (`plan_prefill`, which
+reads cu_seqlens_q on the host once) for our kernels, and for SDPA the flash backend on a dense
+bf16 cache, GQA by repeating K and V and a cached prefix by the lower-right causal mask. TFLOP/s
+counts the causal FLOPs of the new tokens. ``--sweep`` times both caches at each launch shape of
+PREFILL_SWEEP instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+import triton
+from benchmark_decode_attention import (
+    HEAD_SIZE,
+    MODEL_DTYPE,
+    NUM_KV_HEADS,
+    NUM_Q_HEADS,
+    SOFTMAX_SCALE,
+    DecodeSetup,
+)
+
+from kvquant import PrefillConfig
+from kvquant.ops.prefill_attention import plan_prefill
+from kvquant.timing import graph_ms
+
+# Chunked prefill shapes: (batch, cached tokens, new tokens) per sequence; the new tokens are in
+# the cache too, as after the step's cache write.
+PREFILL_SHAPES = ((4, 2048, 2048), (4, 16384, 2048), (1, 32768, 4096), (8, 0, 2048))
+# Launch shapes `--sweep` times: (rows, tile_n, warps, stages).
+PREFILL_SWEEP = (
+    (64, 64, 4, 2),
+    (128, 64, 8, 2),
+    (128, 64, 8, 3),
+    (128, 32, 8, 3),
+    (128, 128, 8, 2),
+    (128, 64, 4, 3),
+    (256, 64, 8, 2),
+)
+
+
+def prefill_flops(batch: int, cached: int, new: int) -> float:
+    """Causal FLOPs of the new tokens: Q x K and P x V over the prefix and, causally, themselves."""
+    return 4 * batch * new * NUM_Q_HEADS * HEAD_SIZE * (cached + (new + 1) / 2)
+
+
+def prefill_ms(
+    batch: int, cached: int, new: int, cache_dtype: torch.dtype, config: PrefillConfig | None = None
+) -> float:
+    """One chunked prefill, its checked launch (`plan_prefill`) replayed as a CUDA graph."""
+    setup = DecodeSetup(batch, cached + new, cache_dtype)
+    query = torch.randn(batch * new, NUM_Q_HEADS, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE)
+    cu_seqlens_q = torch.arange(0, (batch + 1) * new, new, device="cuda", dtype=torch.int32)
+    plan = plan_prefill(
+        query, setup.cache, setup.block_table, setup.seq_lens, cu_seqlens_q, SOFTMAX_SCALE,
+        config=config,
+    )  # fmt: skip
+    return graph_ms(plan.run)
+
+
+def sdpa_prefill_ms(batch: int, cached: int, new: int) -> float:
+    """The same attention on a dense bf16 cache through PyTorch's flash backend: GQA by
+    repeating K and V, a cached prefix by the lower-right causal mask."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    group = NUM_Q_HEADS // NUM_KV_HEADS
+    q = torch.randn(batch, NUM_Q_HEADS, new, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE)
+    k, v = (
+        torch.randn(
+            batch, NUM_KV_HEADS, cached + new, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE
+        ).repeat_interleave(group, dim=1)
+        for _ in range(2)
+    )
+    mask = causal_lower_right(new, cached + new) if cached else None
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def run() -> None:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            sdpa(q, k, v, attn_mask=mask, is_causal=not cached)
+
+    return graph_ms(run)
+
+
+def prefill_table() -> None:
+    """Chunked prefill of both caches at their shipped launch shapes, and dense SDPA flash."""
+    print("prefill: batch x (cached + new), kernel time (CUDA graph), TFLOP/s of causal FLOPs")
+    print(
+        f"{'shape':>18} {'int8 ms':>8} {'TFLOP/s':>7} {'bf16 ms':>8} {'TFLOP/s':>7} "
+        f"{'sdpa ms':>8} {'TFLOP/s':>7} {'int8/bf16':>9} {'int8/sdpa':>9} {'bf16/sdpa':>9}"
+    )
+    for batch, cached, new in PREFILL_SHAPES:
+        flops = prefill_flops(batch, cached, new)
+        int8_ms, bf16_ms = (prefill_ms(batch, cached, new, d) for d in (torch.int8, MODEL_DTYPE))
+        dense_ms = sdpa_prefill_ms(batch, cached, new)
+        shape = f"{batch} x ({cached} + {new})"
+        ratios = ((int8_ms, bf16_ms), (int8_ms, dense_ms), (bf16_ms, dense_ms))
+        print(
+            f"{shape:>18} "
+            + " ".join(f"{t:>8.3f} {flops / t / 1e9:>7.0f}" for t in (int8_ms, bf16_ms, dense_ms))
+            + "".join(f" {a / b:>8.2f}x" for a, b in ratios),
+            flush=True,
+        )
+
+
+def prefill_sweep() -> None:
+    """INT8 and bf16 chunked prefill at each launch shape of PREFILL_SWEEP, every shape."""
+    names = " ".join(f"{f'{b}x({c}+{n})':>14}" for b, c, n in PREFILL_SHAPES)
+    print(f"{'cache':>8} {'rows':>4} {'tile':>4} {'warps':>5} {'stages':>6} {names}  (ms)")
+    for dtype, (rows, tile_n, warps, stages) in itertools.product(
+        (torch.int8, MODEL_DTYPE), PREFILL_SWEEP
+    ):
+        config = PrefillConfig(rows=rows, tile_n=tile_n, num_warps=warps, num_stages=stages)
+        cells = []
+        for shape in PREFILL_SHAPES:
+            try:
+                cells.append(f"{prefill_ms(*shape, dtype, config):>14.3f}")
+            except Exception as error:  # a shape that does not fit: say so, go on
+                cells.append(f"{type(error).__name__[:14]:>14}")
+        launch_shape = f"{rows:>4} {tile_n:>4} {warps:>5} {stages:>6}"
+        print(f"{str(dtype)[6:]:>8} {launch_shape} " + " ".join(cells), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sweep", action="store_true", help="sweep launch shapes instead")
+    args = parser.parse_args()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    if args.sweep:
+        prefill_sweep()
+    else:
+        prefill_table()
+
+
+if __name__ == "__main__":
+    main()
