@@ -1,7 +1,7 @@
 """No session or issue numbers and no machine-local paths anywhere in the repository's text.
 
 Code, comments and docs describe the system as it is; the history of how it got there stays in
-git. "session 7" or "issue 4" in a comment points at a diary nobody keeps up, and a path under
+git. A session or issue number in a comment points at a diary nobody keeps up, and a path under
 one machine's root home works on no other. The check is the one a person runs by hand,
 `git grep -nE` of the pattern below over every tracked file; tests' fixtures may hold such text
 on purpose and are left out.
