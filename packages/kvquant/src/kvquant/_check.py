@@ -23,7 +23,7 @@ from .ops.cache_write import cache_write
 from .ops.decode_attention import decode_attention
 from .ops.prefill_attention import prefill_attention
 
-# Kernel output against the fp32 reference on the same dequantized cache (issue 4).
+# Kernel output against the fp32 reference on the same dequantized cache (DESIGN.md, "Correctness").
 ATTENTION_TOLERANCE = 2e-3
 # The 16-bit baseline rounds P to bf16/fp16 before the P.V dot, as bf16 flash kernels do; that
 # alone measures 1e-3 to 2e-3 here (the interpreter truncates rather than rounds to nearest).

@@ -5,7 +5,8 @@ process (``engine_run.py``): ``--kv-cache-dtype auto`` (fp32 pages, vLLM's own C
 ``int8_per_token_head`` (kvquant's pages and attention through the plugin). Same 8 prompts, 32
 greedy tokens each. Runs in ``nox -s vllm``; skipped where vLLM is not installed.
 
-Thresholds, measured on the 2-core CPU machine (VLLM_PLUGIN.md has the figures and reasons):
+Thresholds, measured on the 2-core CPU machine (DESIGN.md, "Measured end to end", has the figures
+and reasons):
 - capacity: INT8 holds (2 * 64 * 4) / (2 * 64 + 8) = 3.76x the tokens of fp32 auto at head 64;
 - greedy: 5 of 8 completions identical over 32 tokens; the test asks for at least 4;
 - logprobs of the chosen tokens, up to each prompt's first differing token: max |diff| 0.099 and
