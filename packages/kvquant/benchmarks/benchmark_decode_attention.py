@@ -305,10 +305,10 @@ def _paged_gather_kernel(
     tl.store(out_ptr + program, folded_all ^ tl.xor_sum(tl.xor_sum(folded_scales, axis=1), axis=0))
 
 
-# Tied fastest (with 8 pages on 8 warps) of 16 reader settings on the H200 at every budget shape
-# (4 or 8 pages a step, 1-8 warps, 2 or 3 stages; NOTES.md, session 13). With one warp and 4 pages,
-# the decode's own shape, this kernel (plain loads: with no dot, Triton uses no cp.async) took up
-# to 12% longer, by machine.
+# Tied fastest (with 8 pages on 8 warps) of 16 reader settings on the H200 at every budget shape (4
+# or 8 pages a step, 1-8 warps, 2 or 3 stages; DESIGN.md, "Why 16/8k misses 3.8 TB/s"). With one
+# warp and 4 pages, the decode's own shape, this kernel (plain loads: with no dot, Triton uses no
+# cp.async) took up to 12% longer, by machine.
 GATHER_PAGES, GATHER_WARPS, GATHER_STAGES = 4, 4, 3
 
 

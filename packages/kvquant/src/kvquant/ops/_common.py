@@ -124,8 +124,8 @@ def check_target(target: str) -> None:
 
 # Runtime sizes that are multiples of 16 on every launch (SUPPORTED_HEAD_SIZES and
 # SUPPORTED_BLOCK_SIZES): the JIT marks them so, which keeps masks over 16 dims constant and the
-# loads 16 bytes wide. One compiled cache write serves every block size and the head sizes that
-# pad alike (80, 96, 128), one attention kernel every block size (NOTES.md, session 5).
+# loads 16 bytes wide. One compiled cache write serves every block size and the head sizes that pad
+# alike (80, 96, 128), one attention kernel every block size (DESIGN.md, "Fewer compiled variants").
 _SIZES_OF_16 = ("head_size", "block_size")
 
 
@@ -407,7 +407,7 @@ def _cuda_resident_blocks(function: int, threads: int, dynamic_shared: int) -> i
     file, so whole warps must fit in a quarter. The 16-bit one-split decode (185 registers on the
     H200, Triton 3.6) fits twice per quarter, 8 programs per SM, where the whole file divided by
     its 6144 registers per warp says 10; a batch of 144 sequences at one split (1152 programs)
-    then took 1.6x the time of 128 (NOTES.md, session 11).
+    then took 1.6x the time of 128 (DESIGN.md, "The split count").
     """
     blocks = ctypes.c_int()
     status = _libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(

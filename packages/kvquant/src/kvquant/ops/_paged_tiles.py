@@ -336,8 +336,9 @@ def shared_constexprs(
 ) -> dict[str, int | float | bool]:
     quantized = cache_dtype == torch.int8
     return {
-        # The head size stays a compile-time value here: as a runtime one (masks on every load)
-        # the INT8 decode ran 7-11% slower on the H200 at head 80 and 128 (NOTES.md, session 5).
+        # The head size stays a compile-time value here: as a runtime one (masks on every load) the
+        # INT8 decode ran 7-11% slower on the H200 at head 80 and 128 (DESIGN.md, "Fewer compiled
+        # variants").
         "HEAD_SIZE": head_size,
         "HEAD_PAD": next_power_of_2(head_size),
         "QUANTIZED": quantized,

@@ -31,11 +31,11 @@ from ._common import (
     pointer,
 )
 
-# Tokens and warps per program (benchmark_cache_write.py --sweep on the H200, NOTES.md): 16
-# tokens on 2 warps took 0.062 ms for 32k tokens, 4 warps 0.076, 8 warps 0.091; 8 tokens on 1-8
-# warps 0.067-0.124. The write is ALU-bound (ncu: 75% issue slots), so fewer threads per tile,
-# each with more elements, win. At most the smallest block size (16), so the in-order V store of
-# a tile stays within one page.
+# Tokens and warps per program (benchmark_cache_write.py --sweep on the H200; DESIGN.md, "Cache
+# write"): 16 tokens on 2 warps took 0.062 ms for 32k tokens, 4 warps 0.076, 8 warps 0.091; 8 tokens
+# on 1-8 warps 0.067-0.124. The write is ALU-bound (ncu: 75% issue slots), so fewer threads per
+# tile, each with more elements, win. At most the smallest block size (16), so the in-order V store
+# of a tile stays within one page.
 _BLOCK_TOKENS = 16
 _NUM_WARPS = 2
 
@@ -51,7 +51,7 @@ def _quantize_rows(x):
 
     Padding columns must hold 0. Rows with NaN/inf get scale NaN and zero codes.
 
-    The write is bound by instructions per element as much as by bytes (version 3 in NOTES.md),
+    The write is bound by instructions per element as much as by bytes (DESIGN.md, "Cache write"),
     so each step is chosen for its count: one NaN-keeping max finds both the scale and a bad row;
     the rounding works on |x| and puts the sign back last.
     """

@@ -13,10 +13,10 @@ every call and every GQA ratio that pads alike (``aot_specs``). A launch shape i
 
 INT8 specifics (why they are done this way):
 - Both dots run on int8 codes with int32 accumulation, exact: no code is converted to a float
-  inside the loop (converting them cost 10% on the H200, DESIGN.md). Each query row is scaled to
-  [-127, 127] and split into two int8 tiles, hi + lo / 254 (14 bits, finer than fp16); so is P,
-  which lies in [0, 1] after each key's entries are multiplied by its V scale over the tile's
-  largest.
+  inside the loop (converting them cost 10% on the H200; DESIGN.md, "Both dots on int8 codes,
+  exact"). Each query row is scaled to [-127, 127] and split into two int8 tiles, hi + lo / 254
+  (14 bits, finer than fp16); so is P, which lies in [0, 1] after each key's entries are
+  multiplied by its V scale over the tile's largest.
 - K scales multiply the scores of their key, V scales P's entries of their key, and the tile's
   largest V scale the PV dot's result. int8 cannot carry NaN: a key whose V scale is not finite
   gets a NaN K scale instead, which reaches exactly the query heads that see it.
@@ -90,10 +90,10 @@ _FP16_PV_HEADROOM: tl.constexpr = tl.constexpr(8.0)
 # Decode launch shape on CUDA and under the interpreter (`_decode_shape`): one warp per program
 # where its state fits, so no barrier crosses warps inside the tile loop. A second warp comes in
 # when the fp32 accumulator [head, query-head columns] passes _DECODE_ACC_ELEMENTS per lane of one
-# warp (16 columns, or head 256). The K tile of a program holds _DECODE_TILE_BYTES[cache bytes]
-# per lane of one warp, half that on two warps, within 16 keys per warp and _DECODE_TILE_N_MAX.
-# Measured on the H200 at head 128 (NOTES.md, session 7): INT8 64 keys against 32 and 128 took
-# 0.086 against 0.107 and 0.104 ms at 16/8k; bf16 16 keys against 32 and 64 took 1.92 against
+# warp (16 columns, or head 256). The K tile of a program holds _DECODE_TILE_BYTES[cache bytes] per
+# lane of one warp, half that on two warps, within 16 keys per warp and _DECODE_TILE_N_MAX. Measured
+# on the H200 at head 128 (DESIGN.md, "Launch shape per geometry"): INT8 64 keys against 32 and 128
+# took 0.086 against 0.107 and 0.104 ms at 16/8k; bf16 16 keys against 32 and 64 took 1.92 against
 # 2.01 and 2.02 ms at 64/32k. Every head size, GQA and dtype then builds for sm_90 without spills.
 _DECODE_ACC_ELEMENTS = 32
 _DECODE_TILE_BYTES = {1: 256, 2: 128}
@@ -116,8 +116,8 @@ _DECODE_COLUMNS_MAX: dict[str, int] = {"cuda": 8, "interpreter": 8}
 # integer decode's programs of 8 columns each load it and each redo the per-key work. Counted
 # in the sm_90 build (Triton 3.6 / 3.9, head 128, the tile loop without softcap and rescale), per
 # 64 keys of the group: MQA 32/1 2 x 1,200 / 1,111 instructions on 2 warps against 4 x 1,064 /
-# 1,078 for the four 8-column programs; 16/1 2 x 831 / 779 against 2 x 1,064 / 1,078 (NOTES.md,
-# "The fp16 P x V decode"). Not timed yet. CUDA only: the V codes are widened by PTX
+# 1,078 for the four 8-column programs; 16/1 2 x 831 / 779 against 2 x 1,064 / 1,078 (DESIGN.md,
+# "Wide groups"). Not timed yet. CUDA only: the V codes are widened by PTX
 # (`widen_codes`); gfx90a keeps the integer dots (its MFMA takes int8 at the fp16 rate;
 # nothing timed there). The interpreter follows CUDA.
 _FP16_PV_MIN_COLUMNS: dict[str, int] = {"cuda": 16, "interpreter": 16}
@@ -135,10 +135,11 @@ _FP16_PV_V_LOAD_COLUMNS = 2048
 # Slots assumed under the interpreter (no device to ask); small, so CPU tests still split.
 _INTERPRETER_SLOTS = 64
 # Warps of the HIP decode, as the prefill's were on the H200 when both took 4 warps
-# (DESIGN.md): 4 warps beat 8 by 40-70%. Not timed on a gfx90a.
+# (DESIGN.md, "Launch shape per geometry"): 4 warps beat 8 by 40-70%. Not timed on a gfx90a.
 _NUM_WARPS_HIP = 4
-# Decode pipeline stages on CUDA. With one warp per program, 3 beat 2 (H200, INT8, batch 16 / 8k
-# 86 against 105 us, 64 / 32k 1.036 against 1.051 ms; bf16 within 1%; NOTES.md, session 7).
+# Decode pipeline stages on CUDA. With one warp per program, 3 beat 2 (H200, INT8, batch 16 / 8k 86
+# against 105 us, 64 / 32k 1.036 against 1.051 ms; bf16 within 1%; DESIGN.md, "Launch shape per
+# geometry").
 _DECODE_STAGES = 3
 # On HIP (gfx90a) the attention kernels take no software pipelining: CDNA hides latency with
 # waves per SIMD, and the pipeliner's extra buffers cost registers. Ahead-of-time build for
@@ -185,11 +186,11 @@ def _decode_tiles(
 ):
     """Decode: online softmax over KV tiles [tile_lo, tile_hi); returns (acc, max, sum).
 
-    Transposed against prefill: keys along the dots' M dimension and the group's query heads
-    along N, scores [N, COLS], accumulator [HEAD_PAD, COLS]. A group of 4 then pads the MMA's
-    8 columns, not its 16 rows: half the tensor-core work and half the accumulator registers,
-    which is what lets one warp own a whole program (NOTES.md, session 7). USE_FP16_PV (INT8,
-    wide groups): the P x V dot of `_fp16_pv_step`.
+    Transposed against prefill: keys along the dots' M dimension and the group's query heads along
+    N, scores [N, COLS], accumulator [HEAD_PAD, COLS]. A group of 4 then pads the MMA's 8 columns,
+    not its 16 rows: half the tensor-core work and half the accumulator registers, which is what
+    lets one warp own a whole program (DESIGN.md, "Keys along M, the group along N, one warp per
+    program"). USE_FP16_PV (INT8, wide groups): the P x V dot of `_fp16_pv_step`.
     """
     running_max = tl.full([COLS], float("-inf"), tl.float32)
     running_sum = tl.zeros([COLS], tl.float32)
@@ -454,7 +455,8 @@ def _decode_kernel(
     # ---- Epilogue: the result itself, or this split's partial result ----
     # A variant of its own (ONE_SPLIT), not a runtime choice: with a runtime branch here the
     # sm_90 build gave the tile loop 11 more registers and 48 more instructions, and with both
-    # stores masked small decodes ran 0.7 us slower on the H200 (NOTES.md, session 10).
+    # stores masked small decodes ran 0.8 us slower on the H200 (DESIGN.md, "One split writes
+    # the result; the reducer in one pass").
     if ONE_SPLIT:
         o_offsets = seq.to(tl.int64) * stride_o_t + row_head.to(tl.int64)[None, :] * stride_o_h
         tl.store(
