@@ -36,15 +36,16 @@ from kvquant.timing import graph_ms
 # Chunked prefill shapes: (batch, cached tokens, new tokens) per sequence; the new tokens are in
 # the cache too, as after the step's cache write.
 PREFILL_SHAPES = ((4, 2048, 2048), (4, 16384, 2048), (1, 32768, 4096), (8, 0, 2048))
-# Launch shapes `--sweep` times: (rows, tile_n, warps, stages).
+# Launch shapes `--sweep` times (`PrefillConfig`: rows, tile_n, warps, stages).
 PREFILL_SWEEP = (
-    (64, 64, 4, 2),
-    (128, 64, 8, 2),
-    (128, 64, 8, 3),
-    (128, 32, 8, 3),
-    (128, 128, 8, 2),
-    (128, 64, 4, 3),
-    (256, 64, 8, 2),
+    PrefillConfig(64, 64, 4, 2),
+    PrefillConfig(64, 64, 8, 2),
+    PrefillConfig(128, 64, 8, 2),
+    PrefillConfig(128, 64, 8, 3),
+    PrefillConfig(128, 32, 8, 3),
+    PrefillConfig(128, 128, 8, 2),
+    PrefillConfig(128, 64, 4, 3),
+    PrefillConfig(256, 64, 8, 2),
 )
 
 
@@ -116,17 +117,11 @@ def prefill_sweep() -> None:
     """INT8 and bf16 chunked prefill at each launch shape of PREFILL_SWEEP, every shape."""
     names = " ".join(f"{f'{b}x({c}+{n})':>14}" for b, c, n in PREFILL_SHAPES)
     print(f"{'cache':>8} {'rows':>4} {'tile':>4} {'warps':>5} {'stages':>6} {names}  (ms)")
-    for dtype, (rows, tile_n, warps, stages) in itertools.product(
-        (torch.int8, MODEL_DTYPE), PREFILL_SWEEP
-    ):
-        config = PrefillConfig(rows=rows, tile_n=tile_n, num_warps=warps, num_stages=stages)
-        cells = []
-        for shape in PREFILL_SHAPES:
-            try:
-                cells.append(f"{prefill_ms(*shape, dtype, config):>14.3f}")
-            except Exception as error:  # a shape that does not fit: say so, go on
-                cells.append(f"{type(error).__name__[:14]:>14}")
-        launch_shape = f"{rows:>4} {tile_n:>4} {warps:>5} {stages:>6}"
+    for dtype, config in itertools.product((torch.int8, MODEL_DTYPE), PREFILL_SWEEP):
+        cells = [f"{prefill_ms(*shape, dtype, config):>14.3f}" for shape in PREFILL_SHAPES]
+        launch_shape = (
+            f"{config.rows:>4} {config.tile_n:>4} {config.num_warps:>5} {config.num_stages:>6}"
+        )
         print(f"{str(dtype)[6:]:>8} {launch_shape} " + " ".join(cells), flush=True)
 
 

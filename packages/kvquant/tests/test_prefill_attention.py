@@ -151,11 +151,12 @@ def test_a_bad_launch_config_is_one_line_error(field: str, value: int) -> None:
         PrefillConfig(**(shipped | {field: value}))
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.int8, torch.bfloat16])
 def test_an_explicit_config_reaches_the_kernel_and_keeps_the_numerics(
-    device: torch.device, gen: torch.Generator
+    cache_dtype: torch.dtype, device: torch.device, gen: torch.Generator
 ) -> None:
-    """Tiles of 16 keys and 32 rows: more tiles on the causal diagonal, and a group of 8 rows
-    per 4 tokens; the result stays within the tolerance of the reference."""
+    """Tiles of 16 keys and 32 rows: more tiles on the causal diagonal and the window's edge,
+    and a group of 8 rows per 4 tokens; the result stays within the reference's tolerance."""
     config = PrefillConfig(rows=32, tile_n=16, num_warps=4, num_stages=1)
     spec = prefill_spec(
         head_size=64, block_size=16, gqa=8, model_dtype=torch.bfloat16,
@@ -167,8 +168,12 @@ def test_an_explicit_config_reaches_the_kernel_and_keeps_the_numerics(
         cache_dtype=torch.int8, target="cuda", config=config,
     )  # fmt: skip
     assert wide.constexprs["ROWS"] == 64  # a program always holds its whole group
-    batch = paged_batch([150, 40, 17], device, gen, group=8, q_lens=[70, 40, 5])
-    assert_close(prefill_out(batch, config=config), reference_out(batch), ATTENTION_TOLERANCE)
+    batch = paged_batch(
+        [150, 40, 17], device, gen, group=8, q_lens=[70, 40, 5], cache_dtype=cache_dtype
+    )
+    tolerance = ATTENTION_TOLERANCE if cache_dtype == torch.int8 else BASELINE_TOLERANCE
+    out = prefill_out(batch, config=config, sliding_window=33, softcap=20.0)
+    assert_close(out, reference_out(batch, 33, 20.0), tolerance)
 
 
 def test_the_shipped_configs_by_target() -> None:
@@ -226,3 +231,28 @@ def test_a_captured_prefill_replays_exactly_as_eager_gpu(
     assert torch.equal(out, eager)
     tolerance = ATTENTION_TOLERANCE if cache_dtype == torch.int8 else BASELINE_TOLERANCE
     assert_close(out, reference_out(batch), tolerance)
+
+
+@pytest.mark.gpu
+@require_cuda()
+@pytest.mark.parametrize("cache_dtype", [torch.int8, torch.bfloat16])
+@pytest.mark.parametrize("head_size", [64, 96, 128])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_launch_shapes_compute_the_same_attention_gpu(
+    cache_dtype: torch.dtype,
+    head_size: int,
+    block_size: int,
+    device: torch.device,
+    gen: torch.Generator,
+) -> None:
+    """The shipped CUDA launch shape and its 8-warp neighbour, on long prefixes and chunks:
+    each within the reference's tolerance."""
+    configs = [PrefillConfig(64, 64, 4, 2), PrefillConfig(64, 64, 8, 2)]
+    batch = paged_batch(
+        [2048 + 256, 700, 1000], device, gen, head_size=head_size, block_size=block_size,
+        group=4, cache_dtype=cache_dtype, q_lens=[256, 700, 33],
+    )  # fmt: skip
+    tolerance = ATTENTION_TOLERANCE if cache_dtype == torch.int8 else BASELINE_TOLERANCE
+    expected = reference_out(batch)
+    for config in configs:
+        assert_close(prefill_out(batch, config=config), expected, tolerance)

@@ -103,7 +103,11 @@ class PrefillConfig:
 #     and 1.59-1.98 / 2.69-3.49 ms at the first shape for 128 rows with 32- and 128-key tiles,
 #     3 stages or 4 warps. INT8 variants at 64 / 64 / 4 / 2 (same data, one run): codes widened by
 #     Triton's conversion instead of PTX 2.793 / 15.006 ms, V gathered key by key instead of page
-#     by page 2.625 / 14.129 ms.
+#     by page 2.625 / 14.129 ms. In another run, 8 warps: INT8 4.215 / 23.057, 16-bit 2.880 /
+#     16.000; the dots transposed (keys along M, the widened codes as the first operand, from
+#     registers) on 8 warps, the only such shape without a stack frame in the sm_90 build: INT8
+#     4.633 / 25.465, 16-bit 3.816 / 21.339 (against 2.556 / 13.601 and 1.576 / 8.745 at the
+#     shipped shape in that run); removed.
 _CONFIG_CUDA = PrefillConfig(rows=64, tile_n=64, num_warps=4, num_stages=2)
 # Head 256 at that shape spills (sm_90 build: 376-600 bytes at one stage; more shared memory than
 # an H200 has at two); 32-key tiles on 8 warps do not. Chosen on resource use; not timed.
