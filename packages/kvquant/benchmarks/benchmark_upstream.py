@@ -1,7 +1,8 @@
-"""Side by side on one GPU: our decode against upstream vLLM's Triton attention, INT8 and bf16.
+"""Side by side on one GPU: our decode and prefill against upstream vLLM's Triton attention,
+INT8 and bf16.
 
 Run where a vLLM with the `int8_per_token_head` cache (0.32 or newer) is importable:
-  python benchmarks/benchmark_upstream.py [--device cpu]
+  python benchmarks/benchmark_upstream.py [--prefill] [--device cpu]
 
 Upstream is called as its TRITON_ATTN backend calls it for a decode step: `unified_attention` on
 the cache as the backend views it (the K and V halves of each 2 * head_size + 8 byte record, the
@@ -17,6 +18,10 @@ CUDA graph (graph_ms), so both sides pay the same graph launch; "in graph": per 
 GRAPH_CALLS decodes, each over its own caches, as a decode runs inside a model's graph.
 `--device cpu` runs one small shape through Triton's interpreter (TRITON_INTERPRET=1, fp16 model)
 and only compares the outputs.
+
+`--prefill`: the chunked prefill at benchmark_prefill_attention.py's shapes instead, upstream's
+`unified_attention` called with each sequence's new tokens as its queries (its 2D path), both
+INT8 prefills over the same data and checked to agree first; one call per graph replay.
 """
 
 from __future__ import annotations
@@ -30,17 +35,21 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import triton
 from benchmark_decode_attention import (
     BATCHES,
     CONTEXTS,
     GRAPH_CALLS,
     HEAD_SIZE,
     MODEL_DTYPE,
+    NUM_KV_HEADS,
+    NUM_Q_HEADS,
     DecodeSetup,
     kv_bytes,
 )
 
 from kvquant import to_upstream_layout
+from kvquant.ops.prefill_attention import plan_prefill
 from kvquant.timing import graph_ms
 
 # The backend's constants (vllm/v1/attention/backends/triton_attn.py): the split-KV path serves
@@ -48,14 +57,25 @@ from kvquant.timing import graph_ms
 MIN_LAUNCH_GRID_SIZE_2D = 128
 NUM_PAR_SOFTMAX_SEGMENTS = 16
 CPU_SHAPE = (3, 100)  # batch, context: a partial last page, three sequences
+CPU_PREFILL_NEW = 37  # --prefill --device cpu: new tokens of each sequence, after a partial page
 # Triton's interpreter computes upstream's bf16 dots wrongly (outputs near 1e9 with Triton 3.9; our
 # kernels take fp32 dots there for the same reason), so the CPU comparison runs an fp16 model.
 CPU_MODEL_DTYPE = torch.float16
 
 
+def _interpreted_triton_for_vllm() -> None:
+    """Under Triton's interpreter: vLLM's CPU build finds no Triton CPU backend and hands its
+    modules a placeholder Triton; give them the real one, whose interpreter runs the kernels."""
+    utils = importlib.import_module("vllm.triton_utils")
+    if not getattr(utils, "HAS_TRITON", True):
+        utils.triton, utils.tl = triton, importlib.import_module("triton.language")
+
+
 def upstream_kernel() -> tuple[Callable[..., None], Any]:
     """vLLM's `unified_attention` and its INT8 cache mode; exits with one line if absent."""
     try:
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            _interpreted_triton_for_vllm()
         attention = importlib.import_module("vllm.v1.attention.ops.triton_unified_attention")
         modes = importlib.import_module("vllm.v1.kv_cache_interface").KVQuantMode
         return attention.unified_attention, modes.INT8_PER_TOKEN_HEAD
@@ -200,6 +220,117 @@ def table() -> None:
         del shapes
 
 
+class PrefillSideBySide:
+    """One prefill shape over one INT8 cache: our prefill (``run``), upstream's INT8 prefill over
+    its views of the same data (``upstream(int8=True)``), and upstream's bf16 prefill over a bf16
+    cache of its own with the same block table and lengths (timed only)."""
+
+    def __init__(
+        self,
+        batch: int,
+        cached: int,
+        new: int,
+        device: str,
+        model_dtype: torch.dtype = MODEL_DTYPE,
+    ) -> None:
+        self.side = SideBySide(batch, cached + new, device, model_dtype)
+        self.query = torch.randn(
+            batch * new, NUM_Q_HEADS, HEAD_SIZE, device=device, dtype=model_dtype
+        )
+        self.cu_seqlens_q = torch.arange(
+            0, (batch + 1) * new, new, device=device, dtype=torch.int32
+        )
+        self.new, self.context = new, cached + new
+        self.out = torch.empty_like(self.query)
+        self.upstream_out = torch.empty_like(self.query)
+        side = self.side
+        self.plan = plan_prefill(
+            self.query, side.cache, side.block_table, side.seq_lens, self.cu_seqlens_q,
+            HEAD_SIZE**-0.5, out=self.out,
+        )  # fmt: skip
+
+    def run(self) -> None:
+        self.plan.run()
+
+    def upstream(self, *, int8: bool) -> Callable[[], None]:
+        unified_attention, _ = upstream_kernel()
+        side = self.side
+        if int8:
+            k, v, out = side.upstream_k, side.upstream_v, self.upstream_out
+            cache_mode: dict[str, Any] = {
+                "kv_quant_mode": side.int8_mode,
+                "k_scale_cache": side.upstream_k_scale,
+                "v_scale_cache": side.upstream_v_scale,
+                "k_descale": None,
+                "v_descale": None,
+            }
+        else:
+            shape = (side.cache.num_blocks, side.cache.block_size, NUM_KV_HEADS, 2 * HEAD_SIZE)
+            kv16 = torch.randn(shape, dtype=self.query.dtype, device=self.query.device)
+            k, v = kv16.split(HEAD_SIZE, dim=-1)
+            ones = torch.ones(1, dtype=torch.float32, device=self.query.device)
+            ones = ones.expand(side.query.shape[0], NUM_KV_HEADS)
+            out = torch.empty_like(self.query)
+            cache_mode = {"k_descale": ones, "v_descale": ones}
+
+        def call() -> None:
+            unified_attention(
+                q=self.query,
+                k=k,
+                v=v,
+                out=out,
+                cu_seqlens_q=self.cu_seqlens_q,
+                max_seqlen_q=self.new,
+                seqused_k=side.seq_lens,
+                max_seqlen_k=self.context,
+                softmax_scale=HEAD_SIZE**-0.5,
+                causal=True,
+                window_size=(-1, -1),
+                block_table=side.block_table,
+                softcap=0.0,
+                q_descale=None,
+                **cache_mode,
+            )
+
+        return call
+
+    def rel_diff(self) -> float:
+        """Relative L2 between the two INT8 prefills' outputs on this shape's shared data."""
+        self.out.fill_(float("nan"))
+        self.upstream_out.fill_(float("nan"))
+        self.run()
+        self.upstream(int8=True)()
+        ours, theirs = self.out.float(), self.upstream_out.float()
+        return float((ours - theirs).norm() / theirs.norm())
+
+
+def prefill_table() -> None:
+    from benchmark_prefill_attention import PREFILL_SHAPES, prefill_flops
+
+    print(
+        "prefill: ms per call, one call per graph replay; TFLOP/s of the new tokens' causal FLOPs"
+    )
+    print(
+        f"{'shape':>18} {'rel diff':>8} {'ours int8':>9} {'TFLOP/s':>7} {'vllm int8':>9} "
+        f"{'x':>5} {'vllm bf16':>9} {'x':>5}"
+    )
+    for batch, cached, new in PREFILL_SHAPES:
+        shape = PrefillSideBySide(batch, cached, new, "cuda")
+        diff = shape.rel_diff()
+        ours, int8, bf16 = (
+            graph_ms(call)
+            for call in (shape.run, shape.upstream(int8=True), shape.upstream(int8=False))
+        )
+        flops = prefill_flops(batch, cached, new)
+        print(
+            f"{f'{batch} x ({cached} + {new})':>18} {diff:>8.1e} {ours:>9.3f} "
+            f"{flops / ours / 1e9:>7.0f} {int8:>9.3f} {int8 / ours:>4.2f}x {bf16:>9.3f} "
+            f"{bf16 / ours:>4.2f}x",
+            flush=True,
+        )
+        del shape
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
@@ -208,6 +339,9 @@ def main() -> None:
         default="cuda",
         help="cpu: compare the outputs of one small shape in Triton's interpreter",
     )
+    parser.add_argument(
+        "--prefill", action="store_true", help="the chunked prefill instead of the decode"
+    )
     args = parser.parse_args()
     if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("benchmark_upstream: --device cpu needs TRITON_INTERPRET=1 in the environment")
@@ -215,12 +349,23 @@ def main() -> None:
     version = getattr(importlib.import_module("vllm"), "__version__", "unknown")
     print(f"vllm {version}, torch {torch.__version__}")
     if args.device == "cpu":
-        shape = SideBySide(*CPU_SHAPE, "cpu", CPU_MODEL_DTYPE)
-        print(f"batch {CPU_SHAPE[0]}, context {CPU_SHAPE[1]}, fp16 model: rel diff ", end="")
-        print(f"{shape.rel_diff():.1e}")
+        batch, context = CPU_SHAPE
+        if args.prefill:
+            cached = context - CPU_PREFILL_NEW
+            shape: SideBySide | PrefillSideBySide = PrefillSideBySide(
+                batch, cached, CPU_PREFILL_NEW, "cpu", CPU_MODEL_DTYPE
+            )
+            print(f"prefill, batch {batch} x ({cached} + {CPU_PREFILL_NEW}), fp16 model: ", end="")
+        else:
+            shape = SideBySide(batch, context, "cpu", CPU_MODEL_DTYPE)
+            print(f"batch {batch}, context {context}, fp16 model: ", end="")
+        print(f"rel diff {shape.rel_diff():.1e}")
         return
     print(torch.cuda.get_device_name())
-    table()
+    if args.prefill:
+        prefill_table()
+    else:
+        table()
 
 
 if __name__ == "__main__":
