@@ -15,8 +15,11 @@ from ._errors import InvalidInputError, KernelUnavailableError, KVQuantError
 
 if TYPE_CHECKING:
     from ._cache import (
+        SUPPORTED_BLOCK_SIZES,
+        SUPPORTED_HEAD_SIZES,
         PagedKVCache,
         allocate_cache,
+        cache_from_pages,
         from_upstream_layout,
         page_bytes,
         to_upstream_layout,
@@ -27,8 +30,11 @@ if TYPE_CHECKING:
     from .ops.prefill_attention import PrefillConfig, prefill_attention
 
 _LAZY_EXPORTS = {
+    "SUPPORTED_BLOCK_SIZES": "._cache",
+    "SUPPORTED_HEAD_SIZES": "._cache",
     "PagedKVCache": "._cache",
     "allocate_cache": "._cache",
+    "cache_from_pages": "._cache",
     "from_upstream_layout": "._cache",
     "page_bytes": "._cache",
     "to_upstream_layout": "._cache",
@@ -42,6 +48,8 @@ _LAZY_EXPORTS = {
 }
 
 __all__ = [
+    "SUPPORTED_BLOCK_SIZES",
+    "SUPPORTED_HEAD_SIZES",
     "DecodePlan",
     "InvalidInputError",
     "KVQuantError",
@@ -49,6 +57,7 @@ __all__ = [
     "PagedKVCache",
     "PrefillConfig",
     "allocate_cache",
+    "cache_from_pages",
     "cache_write",
     "decode_attention",
     "from_upstream_layout",
