@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         to_upstream_layout,
     )
     from ._check import run_correctness
+    from ._output import output_problem
     from .ops.cache_write import cache_write
     from .ops.paged_attention import DecodePlan, decode_attention, plan_decode
     from .ops.prefill_attention import PrefillConfig, prefill_attention
@@ -45,6 +46,7 @@ _LAZY_EXPORTS = {
     "PrefillConfig": ".ops.prefill_attention",
     "prefill_attention": ".ops.prefill_attention",
     "run_correctness": "._check",
+    "output_problem": "._output",
 }
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "cache_write",
     "decode_attention",
     "from_upstream_layout",
+    "output_problem",
     "page_bytes",
     "plan_decode",
     "prefill_attention",
