@@ -82,10 +82,8 @@ def test_files_per_topic_defaults_to_20_and_reads_a_positive_value() -> None:
 
 
 def test_the_sides_are_pinned_only_where_the_rules_pin_them() -> None:
-    assert (parse_rules(MINIMAL, "minimal").fork, parse_rules(MINIMAL, "minimal").upstream) == (
-        None,
-        None,
-    )
+    unpinned = parse_rules(MINIMAL, "minimal")
+    assert (unpinned.fork, unpinned.upstream) == (None, None)
     pinned = parse_rules(MINIMAL + '[upstream]\nsource = "pypi:vllm==0.9.2"\n', "minimal")
     assert (pinned.fork, pinned.upstream) == (None, "pypi:vllm==0.9.2")
 
