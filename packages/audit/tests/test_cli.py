@@ -107,8 +107,15 @@ def bad_inputs(repos: Repos, tmp_path: Path) -> dict[str, list[str]]:
     loose.write_bytes(b"\x78\x9c garbage")
     rules = tmp_path / "rules.toml"
     rules.write_text('title = "x"\ntypo = 1\n[[group]]\ntitle = "a"\narea = "a"\n')
+    one_group = '[[group]]\ntitle = "a"\narea = "a"\n'
     negative = tmp_path / "negative.toml"
-    negative.write_text('[[group]]\ntitle = "a"\narea = "a"\n[history]\nfiles_per_topic = -3\n')
+    negative.write_text(one_group + "[history]\nfiles_per_topic = -3\n")
+    unpinned = tmp_path / "unpinned.toml"
+    unpinned.write_text(one_group)
+    gone = tmp_path / "gone.toml"
+    gone.write_text(f'{one_group}[fork]\nsource = "git:{tmp_path / "gone"}@v1"\n')
+    blank = tmp_path / "blank.toml"
+    blank.write_text(f'{one_group}[upstream]\nsource = ""\n')
     upstream = f"git:{repos.upstream}@v0.1.1"
     diff_fork = ["diff", "--fork", str(repos.fork), "--upstream", upstream]
     find_base = ["find-base", "--fork", str(repos.fork2), "--upstream-repo", str(repos.upstream)]
@@ -130,7 +137,16 @@ def bad_inputs(repos: Repos, tmp_path: Path) -> dict[str, list[str]]:
             "zz/",
         ],
         "reversed range": [*find_base, "--candidates", "v0.2.0..v0.1.1"],
-        "missing option": ["diff", "--fork", str(repos.fork)],
+        "missing option": [*find_base],
+        "side neither given nor pinned": [
+            "diff",
+            "--fork",
+            str(repos.fork),
+            "--rules",
+            str(unpinned),
+        ],
+        "pinned side missing": ["diff", "--upstream", upstream, "--rules", str(gone)],
+        "blank pin": [*diff_fork, "--rules", str(blank)],
         "unwritable output": [*diff_fork, "--json", str(plain / "no" / "x.json")],
         "output is a folder": [*find_base, "--candidates", "v0.1.1..v0.2.0", "--json", str(plain)],
         "bad candidates": [*find_base, "--candidates", "v9..v10"],
@@ -149,7 +165,10 @@ EXPECTED_MESSAGES = {
     "mistyped scope": "scope 'nonexist/' matches no file of the fork or the upstream",
     "mistyped scope in find-base": "scope 'zz/' matches no file of the fork or of any candidate",
     "reversed range": "'v0.2.0..v0.1.1' is empty: 'v0.1.1' is an ancestor of 'v0.2.0'",
-    "missing option": "the following arguments are required: --upstream",
+    "missing option": "the following arguments are required: --candidates",
+    "side neither given nor pinned": "no upstream given, and the rules",
+    "pinned side missing": "gone@v1`: path",
+    "blank pin": "[upstream]: `source` must name a SPEC such as 'pypi:vllm==0.18.1', got ''",
     "unwritable output": "x.json: the directory",
     "output is a folder": "is a directory; expected a file path",
     "bad candidates": "unknown ref 'v9'",

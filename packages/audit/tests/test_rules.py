@@ -58,6 +58,8 @@ def test_deepest_group_of_first_match_claims_and_labels_list_all() -> None:
         (MINIMAL.replace('area = "tests"\n', ""), "`area` is required"),
         (MINIMAL.replace("risk = true", 'risk = "yes"'), "`risk` must be a bool"),
         ("title = 1\n", "`title` must be a str"),
+        (MINIMAL + '[fork]\nurl = "https://x"\n', "minimal [fork]: unknown key `url`"),
+        (MINIMAL + "[upstream]\nsource = 3\n", "minimal [upstream]: `source` must be a str"),
         ("[[group]\n", "minimal"),
         *(
             (
@@ -77,6 +79,13 @@ def test_files_per_topic_defaults_to_20_and_reads_a_positive_value() -> None:
     assert parse_rules(MINIMAL, "minimal").files_per_topic == 20
     history = "\n[history]\nfiles_per_topic = 1\n"
     assert parse_rules(MINIMAL + history, "minimal").files_per_topic == 1
+
+
+def test_the_sides_are_pinned_only_where_the_rules_pin_them() -> None:
+    unpinned = parse_rules(MINIMAL, "minimal")
+    assert (unpinned.fork, unpinned.upstream) == (None, None)
+    pinned = parse_rules(MINIMAL + '[upstream]\nsource = "pypi:vllm==0.9.2"\n', "minimal")
+    assert (pinned.fork, pinned.upstream) == (None, "pypi:vllm==0.9.2")
 
 
 def test_shipped_vllm_rules_cover_the_issue_areas() -> None:

@@ -403,10 +403,11 @@ def _refused(report: dict[str, Any], message: str) -> None:
 
 def test_build_refuses_out_that_is_a_file_before_compiling(bad_builds: dict[str, Any]) -> None:
     root = bad_builds["root"]
-    _refused(bad_builds["out_is_a_file"], f"`out` {root / 'a_file'} exists and is not a directory")
+    _refused(bad_builds["out_is_a_file"], f"`out` {root / 'a_file'} is a file; expected a folder")
     _refused(
         bad_builds["out_below_a_file"],
-        f"`out` {root / 'a_file' / 'out'}: {root / 'a_file'} is not a directory",
+        f"`out` {root / 'a_file' / 'out'} cannot be created: {root / 'a_file'} is a file, not a "
+        "folder",
     )
     assert (root / "a_file").read_text() == "keep me\n"
     # The plan is cached before any compile: no cache at all means nothing was compiled.

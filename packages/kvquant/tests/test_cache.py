@@ -8,6 +8,7 @@ import torch
 from kvquant import (
     InvalidInputError,
     allocate_cache,
+    cache_from_pages,
     from_upstream_layout,
     page_bytes,
     to_upstream_layout,
@@ -68,3 +69,45 @@ def test_allocate_rejects_bad_geometry(kwargs: dict[str, object], argument: str)
 def test_to_upstream_needs_int8() -> None:
     with pytest.raises(InvalidInputError, match="`cache`"):
         to_upstream_layout(allocate_cache(1, 1, 64, 16, torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bfloat16])
+def test_cache_from_pages_views_pages_that_lie_apart(dtype: torch.dtype) -> None:
+    # Three pages at a stride past their length, as an engine's tensor may hold them.
+    elems = page_bytes(2, 16, 64, dtype) // dtype.itemsize
+    storage = torch.zeros(3, elems + 64, dtype=dtype)
+    cache = cache_from_pages(storage[:, :elems], 2, 16, 64)
+    assert cache.pages.data_ptr() == storage.data_ptr()  # a view: no copy
+    assert (cache.num_blocks, cache.num_kv_heads, cache.block_size, cache.head_size) == (
+        3,
+        2,
+        16,
+        64,
+    )
+    # Its views sit where an allocated cache's do, page by page.
+    allocated = allocate_cache(3, 2, 64, 16, dtype)
+    allocated.pages.view(-1).copy_(torch.arange(allocated.pages.numel()) % 100)
+    storage[:, :elems] = allocated.pages
+    assert torch.equal(cache.k, allocated.k) and torch.equal(cache.v, allocated.v)
+    if dtype == torch.int8:
+        assert cache.k_scale is not None and allocated.k_scale is not None
+        assert torch.equal(cache.k_scale.view(torch.int32), allocated.k_scale.view(torch.int32))
+    assert storage[:, elems:].count_nonzero() == 0  # nothing past a page is part of it
+
+
+@pytest.mark.parametrize(
+    ("pages", "message"),
+    [
+        (torch.zeros(4 * 544, dtype=torch.int8), "`pages` is torch.int8 with 1 dims"),
+        (torch.zeros(2, 4 * 544, dtype=torch.float32), "`pages` is torch.float32 with 2 dims"),
+        (torch.zeros(2, 4 * 544 + 1, dtype=torch.int8), "pages of 2177 elements at stride 1"),
+        (torch.zeros(4 * 544, 2, dtype=torch.int8).t(), "pages of 2176 elements at stride 2"),
+        (torch.zeros(0, 4 * 544, dtype=torch.int8), "`num_blocks` is 0"),
+    ],
+)
+def test_cache_from_pages_rejects_storage_that_is_not_pages(
+    pages: torch.Tensor, message: str
+) -> None:
+    # One kv head, block size 16, head size 64: 16 * (2 * 64 + 8) = 2176 = 4 * 544 bytes a page.
+    with pytest.raises(InvalidInputError, match=message):
+        cache_from_pages(pages, 1, 16, 64)

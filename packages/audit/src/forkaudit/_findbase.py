@@ -15,7 +15,7 @@ import git
 
 from forkaudit._errors import ScopeError, SpecError
 from forkaudit._git import run_git
-from forkaudit._sources import Entry, open_repo, open_spec, resolve_commit
+from forkaudit._sources import Entry, list_tree, open_repo, open_spec, resolve_commit
 
 RANKING_SIZE = 5
 
@@ -54,7 +54,7 @@ def find_base(
     def differs(path: bytes, entry: Entry | None) -> bool:
         return fork_entries.get(path) != entry
 
-    tree = _list_tree(git_dir, commits[0], prefix)
+    tree = {p: e for p, e in list_tree(git_dir, commits[0]).items() if p.startswith(prefix)}
     in_scope = bool(fork_entries or tree)
     distance = sum(differs(p, tree.get(p)) for p in fork_entries.keys() | tree.keys())
     ranked = [Candidate(commits[0], distance)]
@@ -109,17 +109,6 @@ def _candidate_commits(spec: str, repo: git.Repo, candidates: str | list[str]) -
         msg = f"{spec}: no candidate commits in {candidates!r}"
         raise SpecError(msg)
     return list(dict.fromkeys(commits))
-
-
-def _list_tree(git_dir: Path, commit: str, prefix: bytes) -> dict[bytes, Entry]:
-    listing = run_git(git_dir, ["ls-tree", "-r", "-z", "--full-tree", commit])
-    tree = {}
-    for record in listing.split(b"\0"):
-        meta, _, path = record.partition(b"\t")
-        if record and path.startswith(prefix):
-            mode, _kind, oid = meta.decode().split(" ")
-            tree[path] = Entry(mode, oid)
-    return tree
 
 
 def _changes_per_step(git_dir: Path, steps: bytes) -> dict[str, list[tuple[bytes, Entry | None]]]:

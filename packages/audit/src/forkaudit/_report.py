@@ -403,7 +403,12 @@ class AuditReport:
     def to_dict(self) -> dict[str, object]:
         """The JSON document `forkaudit diff --json` writes."""
         return {
-            "rules": {"title": self.rules.title, "source": self.rules.source, **self.rules.pins},
+            "rules": {
+                "title": self.rules.title,
+                "source": self.rules.source,
+                "fork": self.rules.fork,
+                "upstream": self.rules.upstream,
+            },
             "scope": self.scope,
             "large_file_bytes": LARGE_FILE_BYTES,
             "fork": self.fork,

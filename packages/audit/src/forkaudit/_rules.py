@@ -27,7 +27,7 @@ _T = TypeVar("_T")
 
 _TOP_KEYS = {"title", "upstream", "fork", "keywords", "ignore", "semantic", "history", "group"}
 _GROUP_KEYS = {"title", "why", "area", "streams", "risk", "globs", "ignore", "sub"}
-_PIN_KEYS = {"name", "url", "ref", "hash"}
+_SIDE_KEYS = {"source"}
 _SEMANTIC_KEYS = {
     "envs_files",
     "env_dicts",
@@ -103,7 +103,9 @@ class Rules:
     groups: list[Group]
     semantic: SemanticRules
     files_per_topic: int
-    pins: dict[str, dict[str, str]]
+    #: The SPECs the rules pin (`[fork]`, `[upstream]`): what `diff` compares when given none.
+    fork: str | None = None
+    upstream: str | None = None
 
     def classify(self, path: str) -> Classification:
         """Classify PATH (a `/`-separated path relative to the tree root)."""
@@ -229,11 +231,8 @@ def parse_rules(text: str, source: str) -> Rules:
             **{key: tuple(_strings(semantic_raw, key, source)) for key in _SEMANTIC_KEYS}
         ),
         files_per_topic=files_per_topic,
-        pins={
-            side: _parse_pin(document, side, source)
-            for side in ("upstream", "fork")
-            if side in document
-        },
+        fork=_parse_side(document, "fork", source),
+        upstream=_parse_side(document, "upstream", source),
     )
 
 
@@ -275,13 +274,18 @@ def _parse_group(raw: object, parent: Group | None, where: str, depth: int = 1) 
     return group
 
 
-def _parse_pin(document: dict[str, Any], side: str, source: str) -> dict[str, str]:
-    pin = _typed(document, side, dict, source, default={})
-    _reject_unknown(pin, _PIN_KEYS, f"{source} [{side}]")
-    if ("ref" in pin) == ("hash" in pin):
-        msg = f"{source} [{side}]: exactly one of `ref` and `hash` is expected"
+def _parse_side(document: dict[str, Any], side: str, source: str) -> str | None:
+    """The SPEC of `[SIDE] source`, or None where the rules pin no such side."""
+    if side not in document:
+        return None
+    where = f"{source} [{side}]"
+    table = _typed(document, side, dict, source, default={})
+    _reject_unknown(table, _SIDE_KEYS, where)
+    spec = _typed(table, "source", str, where, default="")
+    if not spec.strip():
+        msg = f"{where}: `source` must name a SPEC such as 'pypi:vllm==0.18.1', got {spec!r}"
         raise RulesFileError(msg)
-    return {key: _typed(pin, key, str, f"{source} [{side}]", default="") for key in pin}
+    return spec
 
 
 def _reject_unknown(table: dict[str, Any], known: set[str], where: str) -> None:

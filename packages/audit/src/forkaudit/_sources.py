@@ -166,22 +166,26 @@ def resolve_commit(spec: str, repo: git.Repo, rev: str) -> str:
     return out.decode().strip()
 
 
+def list_tree(git_dir: Path, commit: str) -> dict[bytes, Entry]:
+    """Every path of COMMIT's whole tree, recursively, with its mode and object id."""
+    listing = run_git(git_dir, ["ls-tree", "-r", "-z", "--full-tree", commit])
+    entries = {}
+    for record in listing.split(b"\0"):
+        if record:
+            meta, _, path = record.partition(b"\t")
+            mode, _kind, oid = meta.decode().split(" ")
+            entries[path] = Entry(mode, oid)
+    return entries
+
+
 def _open_git(spec: str, target: str) -> Snapshot:
     path, rev = split_path_rev(target)
     repo = open_repo(spec, path)
     commit = resolve_commit(spec, repo, rev)
-    listing = run_git(Path(repo.common_dir), ["ls-tree", "-r", "-z", "--full-tree", commit])
-    entries: dict[bytes, Entry] = {}
-    for record in listing.split(b"\0"):
-        if not record:
-            continue
-        meta, _, file_path = record.partition(b"\t")
-        mode, _kind, oid = meta.split(b" ")
-        entries[file_path] = Entry(mode.decode(), oid.decode())
     return Snapshot(
         spec=spec,
         kind="git",
-        entries=entries,
+        entries=list_tree(Path(repo.common_dir), commit),
         commit=commit,
         git_dir=Path(repo.common_dir),
         repo=repo,

@@ -35,7 +35,8 @@ def matrix(tmp_path: Path) -> Path:
 def test_outputs_are_checked_before_the_run_and_left_alone(
     tmp_path: Path, matrix: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Every way a path can be unwritable is tested on `output_problem` (tests/test_output.py);
+    # Every way a path can be unwritable is tested on kvquant's `output_problem` (its
+    # tests/test_output.py);
     # here, that the command asks it for both outputs before it measures or opens the history.
     taken = tmp_path / "taken"
     taken.write_text("keep me\n")

@@ -15,13 +15,17 @@ from ._errors import InvalidInputError, KernelUnavailableError, KVQuantError
 
 if TYPE_CHECKING:
     from ._cache import (
+        SUPPORTED_BLOCK_SIZES,
+        SUPPORTED_HEAD_SIZES,
         PagedKVCache,
         allocate_cache,
+        cache_from_pages,
         from_upstream_layout,
         page_bytes,
         to_upstream_layout,
     )
     from ._check import run_correctness
+    from ._output import output_problem
     from .ops.cache_write import cache_write
     from .ops.decode_attention import (
         DecodeConfig,
@@ -33,8 +37,11 @@ if TYPE_CHECKING:
     from .ops.prefill_attention import PrefillConfig, prefill_attention
 
 _LAZY_EXPORTS = {
+    "SUPPORTED_BLOCK_SIZES": "._cache",
+    "SUPPORTED_HEAD_SIZES": "._cache",
     "PagedKVCache": "._cache",
     "allocate_cache": "._cache",
+    "cache_from_pages": "._cache",
     "from_upstream_layout": "._cache",
     "page_bytes": "._cache",
     "to_upstream_layout": "._cache",
@@ -47,9 +54,12 @@ _LAZY_EXPORTS = {
     "PrefillConfig": ".ops.prefill_attention",
     "prefill_attention": ".ops.prefill_attention",
     "run_correctness": "._check",
+    "output_problem": "._output",
 }
 
 __all__ = [
+    "SUPPORTED_BLOCK_SIZES",
+    "SUPPORTED_HEAD_SIZES",
     "DecodeConfig",
     "DecodePlan",
     "InvalidInputError",
@@ -58,10 +68,12 @@ __all__ = [
     "PagedKVCache",
     "PrefillConfig",
     "allocate_cache",
+    "cache_from_pages",
     "cache_write",
     "decode_attention",
     "decode_config",
     "from_upstream_layout",
+    "output_problem",
     "page_bytes",
     "plan_decode",
     "prefill_attention",

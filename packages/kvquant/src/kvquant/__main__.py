@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import KVQuantError
+from ._output import output_problem
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -100,24 +101,11 @@ def _table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _output_file_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be written as a file, found before the slow run; None when it can."""
-    if path.is_dir():
-        return f"--json {path} is a directory; expected a file path"
-    if not path.parent.is_dir():
-        if path.parent.exists():
-            return f"--json {path}: {path.parent} is not a directory"
-        return f"--json {path}: the directory {path.parent} does not exist"
-    if not os.access(path if path.exists() else path.parent, os.W_OK):
-        return f"--json {path} is not writable"
-    return None
-
-
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(argv)
     if args.command == "build":
         return _build(args)
-    problem = _output_file_problem(args.json) if args.json is not None else None
+    problem = output_problem(args.json, "--json", folder=False) if args.json is not None else None
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -132,6 +120,7 @@ def main(argv: Sequence[str]) -> int:
     print(_table(result))
     if args.json is not None:
         try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         except OSError as error:  # the table above still holds the results
             print(f"error: cannot write --json {args.json}: {error.strerror}", file=sys.stderr)

@@ -102,7 +102,30 @@ def _check_geometry(num_blocks: int, num_kv_heads: int, head_size: int, block_si
         )
 
 
-def _views(pages: torch.Tensor, num_kv_heads: int, block_size: int, head_size: int) -> PagedKVCache:
+def cache_from_pages(
+    pages: torch.Tensor, num_kv_heads: int, block_size: int, head_size: int
+) -> PagedKVCache:
+    """One layer's cache over existing page storage, without a copy (an engine's KV tensor).
+
+    Args:
+        pages: ``[num_blocks, page_elems]``, int8 bytes or 16-bit values, each page contiguous
+            (the pages themselves may lie any distance apart);
+            ``page_elems = page_bytes(num_kv_heads, block_size, head_size, pages.dtype) //
+            pages.dtype.itemsize``.
+    """
+    if pages.dim() != 2 or pages.dtype not in CACHE_DTYPES:
+        raise InvalidInputError(
+            f"`pages` is {pages.dtype} with {pages.dim()} dims; expected one of {CACHE_DTYPES} "
+            "[num_blocks, page_elems]"
+        )
+    _check_geometry(pages.shape[0], num_kv_heads, head_size, block_size)
+    elems = page_bytes(num_kv_heads, block_size, head_size, pages.dtype) // pages.dtype.itemsize
+    if pages.shape[1] != elems or pages.stride(1) != 1:
+        raise InvalidInputError(
+            f"`pages` has pages of {pages.shape[1]} elements at stride {pages.stride(1)}; expected "
+            f"{elems} contiguous ones for {num_kv_heads} kv heads, block size {block_size} and "
+            f"head size {head_size}"
+        )
     n = pages.shape[0]
     codes = num_kv_heads * block_size * head_size
     k = pages[:, :codes].view(n, num_kv_heads, block_size, head_size)
@@ -141,7 +164,7 @@ def allocate_cache(
         raise InvalidInputError(f"`dtype` is {dtype}; expected one of {CACHE_DTYPES}")
     elems = page_bytes(num_kv_heads, block_size, head_size, dtype) // dtype.itemsize
     pages = torch.zeros(num_blocks, elems, dtype=dtype, device=device)
-    return _views(pages, num_kv_heads, block_size, head_size)
+    return cache_from_pages(pages, num_kv_heads, block_size, head_size)
 
 
 def to_upstream_layout(cache: PagedKVCache) -> torch.Tensor:

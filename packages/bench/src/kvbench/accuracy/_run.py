@@ -21,7 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .._output import output_problem
+from kvquant import output_problem
+
 from .._vllm_env import (
     VLLM_PYTHON_ENV,
     VLLMEnvironment,

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._output import output_problem
+from kvquant import output_problem
+
 from ._capacity import cell_dtypes, computed_capacity
 from ._e2e import VLLMEnvironment, check_vllm, run_e2e_cell
 from ._errors import OutputError

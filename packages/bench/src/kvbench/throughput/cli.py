@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvquant import output_problem
+
 from .._extras import missing_module_error
-from .._output import output_problem
 
 DEFAULT_OUT = Path("kvbench-throughput")
 

@@ -6,12 +6,12 @@ occupancy in ``manifest.json``, and caches by source hash, Triton version and ce
 in a process with compiled Triton: ``TRITON_INTERPRET`` unset (or 0).
 """
 
+from .._occupancy import cdna2_waves_per_simd
 from ._build import BUILD_FORMAT, build, default_cache_dir, diff_manifests
-from ._elf import unpack_msgpack, verify_cubin, verify_hsaco
+from ._elf import verify_cubin, verify_hsaco
 from ._errors import ArtifactError, BuildError, MatrixFileError, UnknownTargetError
 from ._matrix import GATES, load_matrix, parse_matrix
 from ._report import format_report
-from ._resources import cdna2_waves_per_simd
 from ._targets import TARGETS
 
 __all__ = [
@@ -29,7 +29,6 @@ __all__ = [
     "format_report",
     "load_matrix",
     "parse_matrix",
-    "unpack_msgpack",
     "verify_cubin",
     "verify_hsaco",
 ]

@@ -16,6 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from .._output import output_problem
 from ._compile import RESULT_FILE, compile_cell
 from ._errors import BuildError
 from ._matrix import GATES, Matrix, load_matrix
@@ -280,19 +281,6 @@ def _is_manifest_cell(cell: Any) -> bool:
     )
 
 
-def _check_out(out: Path) -> None:
-    """Refuse an ``out`` that cannot become a writable directory, before anything compiles."""
-    if out.exists() and not out.is_dir():
-        raise BuildError(f"`out` {out} exists and is not a directory")
-    nearest = out
-    while not nearest.exists() and nearest != nearest.parent:
-        nearest = nearest.parent
-    if not nearest.is_dir():
-        raise BuildError(f"`out` {out}: {nearest} is not a directory")
-    if not os.access(nearest, os.W_OK | os.X_OK):
-        raise BuildError(f"`out` {out}: {nearest} is not writable")
-
-
 def build(
     targets: list[str] | None = None,
     matrix: Path | None = None,
@@ -318,7 +306,9 @@ def build(
     previous_path = _manifest_path(Path(previous)) if previous is not None else None
     old = _read_previous(previous_path) if previous_path is not None else None
     out = Path(out)
-    _check_out(out)
+    problem = output_problem(out, "`out`", folder=True)
+    if problem is not None:
+        raise BuildError(problem)
     if jobs is not None and jobs < 1:
         raise BuildError(f"`jobs` is {jobs}; expected an integer >= 1")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):

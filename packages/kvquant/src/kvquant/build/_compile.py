@@ -14,8 +14,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .._occupancy import cdna2_waves_per_simd
 from ._elf import verify_cubin, verify_hsaco
-from ._resources import amdgcn_resources, cdna2_waves_per_simd
+from ._resources import amdgcn_resources
 from ._targets import TARGETS, Target
 
 RESULT_FILE = "result.json"

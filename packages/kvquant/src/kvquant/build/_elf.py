@@ -35,7 +35,6 @@ class _Section:
     type: int
     data: bytes
     link: int
-    info: int
 
 
 @dataclass(frozen=True)
@@ -89,21 +88,21 @@ def read_elf(blob: bytes, what: str) -> ElfFile:
         raise ArtifactError(f"{what}: section headers lie outside the file")
     raw = []
     for index in range(sh_count):
-        name, kind, _, _, offset, size, link, info, _, _ = struct.unpack_from(
+        name, kind, _, _, offset, size, link, _, _, _ = struct.unpack_from(
             "<IIQQQQIIQQ", blob, sh_offset + index * sh_entsize
         )
         data = b"" if kind == 8 else blob[offset : offset + size]  # 8 = SHT_NOBITS
-        raw.append((name, kind, data, link, info))
+        raw.append((name, kind, data, link))
     names = raw[sh_strndx][2]
     sections = tuple(
-        _Section(names[n : names.find(b"\0", n)].decode("utf-8", "replace"), k, d, lk, i)
-        for n, k, d, lk, i in raw
+        _Section(names[n : names.find(b"\0", n)].decode("utf-8", "replace"), k, d, lk)
+        for n, k, d, lk in raw
     )
     return ElfFile(os_abi, abi_version, machine, flags, sections)
 
 
 def unpack_msgpack(data: bytes) -> Any:
-    """Decode one MessagePack value (the subset the AMDGPU metadata uses, plus bin and ext)."""
+    """Decode one MessagePack value (the subset the AMDGPU metadata uses, plus bin)."""
     value, end = _unpack(data, 0)
     if end != len(data):
         raise ValueError(f"{len(data) - end} trailing bytes after the MessagePack value")
@@ -185,7 +184,9 @@ def verify_hsaco(blob: bytes, *, arch: str, kernel: str) -> dict[str, Any]:
     version = _AMDGPU_CODE_OBJECT_VERSIONS.get(elf.abi_version)
     if version is None:
         raise ArtifactError(f"{what}: ABI version {elf.abi_version} is not code object v4-v6")
-    notes = [desc for name, kind, desc in elf.notes() if (name, kind) == (b"AMDGPU", 32)]
+    notes = [
+        desc for name, kind, desc in elf.notes() if (name, kind) == (b"AMDGPU", _NT_AMDGPU_METADATA)
+    ]
     if len(notes) != 1:
         raise ArtifactError(f"{what}: {len(notes)} NT_AMDGPU_METADATA notes; expected 1")
     try:

@@ -379,13 +379,13 @@ def resident_programs(spec: KernelSpec, device: torch.device) -> int:
     """How many programs of ``spec`` one SM (CU) of ``device`` holds at once, from its compiled
     resource use.
 
-    CUDA: the driver's own count (`_cuda_resident_blocks`). HIP: the CDNA2 formula of
-    ``kvquant.build`` on the kernel's VGPRs and LDS.
+    CUDA: the driver's own count (`_cuda_resident_blocks`). HIP: the CDNA2 formula
+    (``kvquant._occupancy``) on the kernel's VGPRs and LDS.
     """
     kernel = compiled_kernel(spec, device)
     shared = int(kernel.metadata.shared)
     if torch.version.hip is not None:
-        from ..build._resources import cdna2_waves_per_simd
+        from .._occupancy import cdna2_waves_per_simd
 
         waves = cdna2_waves_per_simd(
             vgprs=int(kernel.n_regs), agprs=0, sgprs=0, lds_bytes=shared, num_warps=spec.num_warps

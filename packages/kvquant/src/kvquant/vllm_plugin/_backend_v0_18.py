@@ -21,7 +21,7 @@ from vllm.v1.attention.backend import (
     AttentionMetadataBuilder,
 )
 
-from .._cache import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES, page_bytes
+from .. import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES, page_bytes
 from ._errors import UnsupportedConfigError
 from ._impl import GRAPH_SUPPORT, Int8Builder, Int8Layer, Int8Metadata
 from ._serving import (

@@ -21,7 +21,7 @@ from vllm.v1.attention.backend import (
 from vllm.v1.kv_cache_interface import AttentionSpec, KVQuantMode
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
-from .._cache import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES
+from .. import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES
 from ._errors import UnsupportedConfigError
 from ._impl import GRAPH_SUPPORT, Int8Builder, Int8Layer, Int8Metadata
 from ._serving import (

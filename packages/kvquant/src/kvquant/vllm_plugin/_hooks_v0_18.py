@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .._cache import page_bytes
+from .. import page_bytes
 from ._guard import install_config_guard
 from ._impl import check_layer_api
 from ._platforms import (
@@ -50,7 +50,6 @@ _SPEC_FIELDS = ("block_size", "num_kv_heads", "head_size", "dtype", "page_size_p
 _SHAPE_PARAMETERS = ["num_blocks", "block_size", "num_kv_heads", "head_size", "cache_dtype_str"]
 # The literal install() made: check() must accept it when register() runs again in a process.
 _extended_cache_dtype: Any = None
-_activated = False
 
 
 def _original(owner: type, name: str) -> Any:

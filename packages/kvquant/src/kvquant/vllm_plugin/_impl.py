@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .._cache import PagedKVCache
+from .. import PagedKVCache
 from ._errors import UnsupportedConfigError
 from ._kernels import (
     DecodeScratch,

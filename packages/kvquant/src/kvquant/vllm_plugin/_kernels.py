@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from .._cache import PagedKVCache
+from .. import PagedKVCache
 from ._errors import UnsupportedConfigError
 
 if TYPE_CHECKING:

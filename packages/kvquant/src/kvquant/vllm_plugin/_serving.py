@@ -2,9 +2,10 @@
 
 vLLM hands each attention layer one int8 tensor per layer, ``[num_blocks, H, N, C]`` bytes, whose
 page is exactly kvquant's INT8 page (``kvquant.page_bytes``), so vLLM's memory accounting and block
-manager see the byte count they expect. Inside the page the arrangement is kvquant's
-(``kvquant._cache``), and the numerics here are the fp32 torch reference's (``kvquant.reference``);
-``_kernels`` serves the same pages with kvquant's Triton kernels.
+manager see the byte count they expect. Inside the page the arrangement is kvquant's (a
+``kvquant.PagedKVCache`` over the engine's bytes: ``kvquant.cache_from_pages``), and the numerics
+here are the fp32 torch reference's (``kvquant.reference``); ``_kernels`` serves the same pages
+with kvquant's Triton kernels.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import math
 
 import torch
 
-from .._cache import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES, PagedKVCache, _views, page_bytes
+from .. import (
+    SUPPORTED_BLOCK_SIZES,
+    SUPPORTED_HEAD_SIZES,
+    PagedKVCache,
+    cache_from_pages,
+    page_bytes,
+)
 from ..reference import cache_write_ref, paged_attention_ref
 from ._errors import UnsupportedConfigError
 
@@ -116,7 +123,7 @@ def cache_view(kv_cache: torch.Tensor, head_size: int) -> PagedKVCache:
             "kvquant needs each block's page in one piece"
         )
     pages = torch.as_strided(kv_cache, (num_blocks, page), (kv_cache.stride(0), 1))
-    return _views(pages, num_kv_heads, block_size, head_size)
+    return cache_from_pages(pages, num_kv_heads, block_size, head_size)
 
 
 def write(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench._output import output_problem
+from kvquant import output_problem
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Checks that an output folder or file can be written, made before any slow work starts.
+"""Checks that an output folder or file can be written, made before any slow work starts: the
+one check of kvquant's command line and build, and of kvbench's, which uses kvquant.
 
 Nothing is created here: a folder or file that does not exist yet is made when the results are
 written, so a run refused for another reason leaves no trace.
