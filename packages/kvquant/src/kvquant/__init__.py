@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     )
     from ._check import run_correctness
     from ._output import output_problem
+    from .ops._common import ACTIVATION_DTYPES, interpreted
     from .ops.cache_write import cache_write
     from .ops.decode_attention import (
         DecodeConfig,
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from .ops.prefill_attention import PrefillConfig, prefill_attention
 
 _LAZY_EXPORTS = {
+    "ACTIVATION_DTYPES": ".ops._common",
+    "interpreted": ".ops._common",
     "SUPPORTED_BLOCK_SIZES": "._cache",
     "SUPPORTED_HEAD_SIZES": "._cache",
     "PagedKVCache": "._cache",
@@ -58,6 +61,7 @@ _LAZY_EXPORTS = {
 }
 
 __all__ = [
+    "ACTIVATION_DTYPES",
     "SUPPORTED_BLOCK_SIZES",
     "SUPPORTED_HEAD_SIZES",
     "DecodeConfig",
@@ -73,6 +77,7 @@ __all__ = [
     "decode_attention",
     "decode_config",
     "from_upstream_layout",
+    "interpreted",
     "output_problem",
     "page_bytes",
     "plan_decode",

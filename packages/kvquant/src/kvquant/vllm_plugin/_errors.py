@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._errors import KVQuantError
+from .. import KVQuantError
 
 
 class VLLMPluginError(KVQuantError, RuntimeError):

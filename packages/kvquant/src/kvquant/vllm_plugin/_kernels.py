@@ -30,7 +30,7 @@ from .. import PagedKVCache
 from ._errors import UnsupportedConfigError
 
 if TYPE_CHECKING:
-    from ..ops.decode_attention import DecodePlan
+    from .. import DecodePlan
 
 KERNELS_ENV = "KVQUANT_VLLM_KERNELS"
 KERNELS_ON_CPU = "triton"
@@ -56,7 +56,7 @@ def numerics_for(device: torch.device) -> Numerics:
     if not requested:
         return "reference"
     # Imported here: kvquant.ops imports the kernel modules, which the reference path never needs.
-    from ..ops._common import interpreted
+    from .. import interpreted
 
     if not interpreted():
         raise UnsupportedConfigError(
@@ -78,7 +78,7 @@ def describe_numerics(numerics: Numerics, device_type: str) -> str:
 
 def check_kernel_dtype(model_dtype: torch.dtype) -> None:
     """Refuse a model dtype kvquant's kernels do not take (they read fp16/bf16 activations)."""
-    from ..ops._common import ACTIVATION_DTYPES
+    from .. import ACTIVATION_DTYPES
 
     if model_dtype not in ACTIVATION_DTYPES:
         raise UnsupportedConfigError(
