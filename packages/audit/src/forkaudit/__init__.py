@@ -15,7 +15,7 @@ from forkaudit._errors import (
     ScopeError,
     SpecError,
 )
-from forkaudit._findbase import find_base
+from forkaudit._findbase import BaseSearch, Candidate, find_base
 from forkaudit._questions import ANSWERS, EVIDENCE_KINDS, QUESTIONS, Answer, Evidence
 from forkaudit._report import CHANGE_KINDS, CONTENT_KINDS, AuditReport, FileReport, Finding
 from forkaudit._rules import Rules, load_rules
@@ -38,6 +38,8 @@ __all__ = [
     "Answer",
     "AuditError",
     "AuditReport",
+    "BaseSearch",
+    "Candidate",
     "Evidence",
     "Fact",
     "FetchError",
