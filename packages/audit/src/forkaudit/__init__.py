@@ -17,6 +17,13 @@ from forkaudit._errors import (
 )
 from forkaudit._findbase import BaseSearch, Candidate, find_base
 from forkaudit._questions import ANSWERS, EVIDENCE_KINDS, QUESTIONS, Answer, Evidence
+from forkaudit._record import (
+    RECORD_TABLES,
+    RecordParts,
+    RecordTable,
+    record_parts,
+    write_reports,
+)
 from forkaudit._report import CHANGE_KINDS, CONTENT_KINDS, AuditReport, FileReport, Finding
 from forkaudit._rules import Rules, load_rules
 from forkaudit._semantic import FACT_CHANGES, FACT_SUBJECTS, Fact
@@ -35,6 +42,7 @@ __all__ = [
     "LARGE_FILE_BYTES",
     "LEFT_OUT_REASONS",
     "QUESTIONS",
+    "RECORD_TABLES",
     "Answer",
     "AuditError",
     "AuditReport",
@@ -46,6 +54,8 @@ __all__ = [
     "FileReport",
     "Finding",
     "GitError",
+    "RecordParts",
+    "RecordTable",
     "Rules",
     "RulesFileError",
     "ScopeError",
@@ -53,6 +63,8 @@ __all__ = [
     "diff",
     "find_base",
     "load_rules",
+    "record_parts",
+    "write_reports",
 ]
 
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         to_upstream_layout,
     )
     from ._check import run_correctness
+    from ._correctness import CorrectnessResult
     from .ops.cache_write import cache_write
     from .ops.paged_attention import DecodePlan, decode_attention, plan_decode
     from .ops.prefill_attention import PrefillConfig, prefill_attention
@@ -38,10 +39,12 @@ _LAZY_EXPORTS = {
     "plan_decode": ".ops.paged_attention",
     "PrefillConfig": ".ops.prefill_attention",
     "prefill_attention": ".ops.prefill_attention",
+    "CorrectnessResult": "._correctness",
     "run_correctness": "._check",
 }
 
 __all__ = [
+    "CorrectnessResult",
     "DecodePlan",
     "InvalidInputError",
     "KVQuantError",
