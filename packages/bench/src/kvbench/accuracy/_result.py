@@ -76,21 +76,7 @@ class DivergenceResult:
         return all(row["behaved"] for row in self.rows) and bool(agree)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "corpus": self.corpus,
-            "chunk_length": self.chunk_length,
-            "chunks": self.chunks,
-            "control_chunks": self.control_chunks,
-            "attention": self.attention,
-            "baseline": self.baseline,
-            "candidate": self.candidate,
-            "gate": asdict(self.gate),
-            "rows": self.rows,
-            "agreement": self.agreement,
-            "passed": self.passed,
-            "plot": self.plot,
-            "elapsed_s": self.elapsed_s,
-        }
+        return {**asdict(self), "passed": self.passed}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DivergenceResult:
