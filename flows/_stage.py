@@ -1,14 +1,22 @@
-"""What every stage flow shares: the run it belongs to, and how its record is built and shown."""
+"""What every stage flow shares: the run it belongs to, and the skeleton that holds the GPU,
+turns a package's result into the stage's record, writes it and shows it.
+
+A stage flow only calls its package: the package's result gives the parts of the record
+(`RecordParts`: summary, metrics, tables, its own gates' verdicts and the files it wrote), and
+`run_stage` does the rest, the same way for every stage.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tomllib
-from collections.abc import Collection, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.concurrency.sync import concurrency
@@ -20,11 +28,13 @@ from adrkit import (
     RecordError,
     Scalar,
     Table,
+    check_records,
     hardware,
     markdown_table,
     package_versions,
     repo_state,
     utc_now,
+    write_record,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -48,35 +58,126 @@ class RunContext:
         return path
 
 
-def build_record(
-    ctx: RunContext,
-    stage: str,
-    started_at: str,
-    *,
-    summary: str,
-    metrics: dict[str, Scalar],
-    tables: dict[str, Table] | None = None,
-    gates: list[Gate] | None = None,
-    artifacts: dict[str, str] | None = None,
-    fork_commit: str | None = None,
-    fork_tree: str | None = None,
-) -> Record:
-    """A record whose status follows its gates, ``gates`` and those of gates.toml for ``stage``:
-    a failed gate fails the stage, with the reason."""
-    gates = [*(gates or []), *stage_gates(stage, metrics)]
+class ResultTable(Protocol):
+    """A table of a package's result, as a record holds it."""
+
+    @property
+    def columns(self) -> Sequence[str]: ...
+    @property
+    def rows(self) -> Sequence[Sequence[Scalar]]: ...
+    @property
+    def baseline_found(self) -> bool | None: ...
+
+
+class ResultGate(Protocol):
+    """A gate a package judged on its own result."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> float: ...
+    @property
+    def op(self) -> str: ...
+    @property
+    def threshold(self) -> float: ...
+    @property
+    def passed(self) -> bool: ...
+
+
+class RecordParts(Protocol):
+    """What a package's result gives its stage's record (`kvquant.results.RecordParts`,
+    `forkaudit.RecordParts`): the packages know no record, so they give its parts."""
+
+    @property
+    def summary(self) -> str: ...
+    @property
+    def metrics(self) -> Mapping[str, Scalar]: ...
+    @property
+    def tables(self) -> Mapping[str, ResultTable]: ...
+    @property
+    def gates(self) -> Sequence[ResultGate]: ...
+    @property
+    def artifacts(self) -> Mapping[str, str]: ...
+
+
+def stage_record(ctx: RunContext, stage: str, started_at: str, parts: RecordParts) -> Record:
+    """The record of ``parts``, whose status follows its gates, the package's and those of
+    gates.toml for ``stage``: a failed gate fails the stage, with the reason. So does a table
+    that an ADR block reads from the stage and the parts lack (`adrkit.check_records`).
+
+    Each package gate is judged again as the record is built; a verdict that disagrees is an
+    error, not a record.
+    """
+    metrics = dict(parts.metrics)
+    gates = [Gate(g.name, g.value, g.op, g.threshold, g.passed) for g in parts.gates]
+    gates += stage_gates(stage, metrics)
     failed = [g for g in gates if not g.passed]
     reason = "; ".join(f"gate {g.name}: {g.value:g} not {g.op} {g.threshold:g}" for g in failed)
-    return Record(
+    tables = {
+        name: Table(list(table.columns), [list(row) for row in table.rows], table.baseline_found)
+        for name, table in parts.tables.items()
+    }
+    # The audit names the fork it read among its metrics; its provenance names it too.
+    fork_commit, fork_tree = (metrics.get(k) for k in ("fork_commit", "fork_tree"))
+    record = Record(
         stage=stage,
         status="failed" if failed else "passed",
         reason=reason or None,
-        summary=summary,
+        summary=parts.summary,
         metrics=metrics,
-        tables=tables or {},
+        tables=tables,
         gates=gates,
-        artifacts=artifacts or {},
-        provenance=_provenance(ctx, started_at, fork_commit, fork_tree),
+        artifacts=dict(parts.artifacts),
+        provenance=_provenance(
+            ctx,
+            started_at,
+            fork_commit if isinstance(fork_commit, str) else None,
+            fork_tree if isinstance(fork_tree, str) else None,
+        ),
     )
+    try:
+        check_records([record])
+    except RecordError as error:
+        reasons = [str(error), *([record.reason] if record.reason else [])]
+        record = dataclasses.replace(record, status="failed", reason="; ".join(reasons))
+    return record
+
+
+# A stage whose package wrote a report of its own (an artifact of this name) publishes it; the
+# others publish their record's summary and tables.
+REPORT_ARTIFACT = "report.md"
+
+
+def run_stage(
+    stage: str,
+    ctx: RunContext,
+    produce: Callable[[Path], RecordParts],
+    *,
+    title: str,
+    table: str,
+    gpu: bool,
+    not_run: tuple[type[Exception], ...] = (),
+) -> Record:
+    """Every stage flow's skeleton: hold this worker's GPU for a ``gpu`` stage; call
+    ``produce`` with the stage's folder for its record's parts (an error of ``not_run``, such
+    as a missing engine, makes the record a skipped one); write the record; publish its report
+    under ``title`` and its ``table``. Any other error propagates: the pipeline records the
+    crash."""
+    with gpu_slot() if gpu else nullcontext():
+        started_at = utc_now()
+        try:
+            parts = produce(ctx.stage_dir(stage))
+        except not_run as error:
+            record = skipped_record(ctx, stage, f"not run: {error}")
+        else:
+            record = stage_record(ctx, stage, started_at, parts)
+    write_record(ctx.results_root, record)
+    report = record.artifacts.get(REPORT_ARTIFACT)
+    if report is None:
+        publish(record, tables_markdown(record, title), table)
+    else:
+        publish(record, Path(report).read_text(encoding="utf-8"), table)
+    return record
 
 
 class GatesFileError(ValueError):

@@ -25,6 +25,7 @@ import forkaudit
 from adrkit import (
     Record,
     milestone_problems,
+    missing_tables,
     new_run_id,
     read_record,
     update_adrs,
@@ -38,26 +39,44 @@ from flows.audit import audit_stage
 from flows.correctness import correctness_stage
 from flows.kernels import NIGHTLY_MATRIX, kernels_stage
 from flows.throughput import throughput_stage
+from kvbench.accuracy import AccuracyResult
+from kvbench.throughput import ThroughputResult
+from kvquant import CorrectnessResult
+from kvquant.build import BuildResult
 
 
 @dataclass(frozen=True)
 class Stage:
-    """A stage flow and the stages whose results it needs. A stage whose need failed is skipped
-    with that reason; every other stage still runs."""
+    """A stage flow, the tables its record carries (as its package's result declares them),
+    and the stages whose results it needs. A stage whose need failed is skipped with that
+    reason; every other stage still runs."""
 
     flow: Flow[..., Record]
+    tables: tuple[str, ...]
     needs: tuple[str, ...] = ()
 
 
 # In run order.
 STAGES: dict[str, Stage] = {
-    "audit": Stage(audit_stage),
-    "kernels": Stage(kernels_stage),
-    "correctness": Stage(correctness_stage),
+    "audit": Stage(audit_stage, forkaudit.RECORD_TABLES),
+    "kernels": Stage(kernels_stage, BuildResult.RECORD_TABLES),
+    "correctness": Stage(correctness_stage, CorrectnessResult.RECORD_TABLES),
     # Accuracy and speed figures of kernels that failed their checks would decide nothing.
-    "accuracy": Stage(accuracy_stage, needs=("correctness",)),
-    "throughput": Stage(throughput_stage, needs=("correctness",)),
+    "accuracy": Stage(accuracy_stage, AccuracyResult.RECORD_TABLES, needs=("correctness",)),
+    "throughput": Stage(throughput_stage, ThroughputResult.RECORD_TABLES, needs=("correctness",)),
 }
+
+
+class MisdeclaredBlockError(ValueError):
+    """Raised when an ADR block reads a table that its stage's record does not carry."""
+
+
+def check_block_sources() -> None:
+    """Every table an ADR block reads is one its stage records, checked before any stage
+    spends its time; a renamed table would otherwise show as an empty block, at the end."""
+    problems = missing_tables({name: stage.tables for name, stage in STAGES.items()})
+    if problems:
+        raise MisdeclaredBlockError("; ".join(problems))
 
 
 # The longest a stage submitted to another pool may run once a worker took it.
@@ -149,8 +168,10 @@ def pipeline(
     if unknown:
         msg = f"unknown stage(s) {unknown}; known stages: {list(STAGES)}"
         raise ValueError(msg)
-    # A broken gates file stops the run before any stage spends its time.
+    # A broken gates file, or a block that reads a table no stage records, stops the run before
+    # any stage spends its time.
     load_gates(known_stages=list(STAGES))
+    check_block_sources()
     ctx = RunContext(new_run_id(), Path(results_root), flow_run.id)
     params: dict[str, dict[str, Any]] = {
         "audit": {"fork": fork, "upstream": upstream, "scope": scope},

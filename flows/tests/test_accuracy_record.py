@@ -2,7 +2,7 @@
 gates on INT8 and on the controls (gates.toml), and ADR 0009's divergence block.
 
 Each run is a subprocess, as the stage's own process would run it; no Prefect engine is needed to
-build a record (`accuracy_record` is plain code).
+build a record (`stage_record` is plain code).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
-from adrkit import render_block, utc_now
-from flows._stage import RunContext
-from flows.accuracy import accuracy_record
+from adrkit import Record, render_block, utc_now
+from flows._stage import RunContext, stage_record
+from flows.accuracy import STAGE
+from kvbench.accuracy import AccuracyResult
 
 # INT8, the 4-bit control and the prefill trap on two chunks of 64 tokens (the controls on one).
 _CONFIG = """
@@ -34,7 +34,7 @@ control_tokens = 64
 """
 
 
-def _divergence(tmp_path: Path, **gate: float) -> dict[str, Any]:
+def _divergence(tmp_path: Path, **gate: float) -> AccuracyResult:
     config = tmp_path / "divergence.toml"
     config.write_text(_CONFIG.format(**gate), encoding="utf-8")
     result = tmp_path / "result.json"
@@ -42,13 +42,11 @@ def _divergence(tmp_path: Path, **gate: float) -> dict[str, Any]:
     argv += ["--out", str(tmp_path / "out"), "--json", str(result), "--quiet"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode in (0, 1), done.stderr[-3000:]
-    loaded: dict[str, Any] = json.loads(result.read_text(encoding="utf-8"))
-    return loaded
+    return AccuracyResult.from_dict(json.loads(result.read_text(encoding="utf-8")))
 
 
-def _record(tmp_path: Path, result: dict[str, Any]) -> Any:
-    artifacts = {Path(run["plot"]).name: run["plot"] for run in result["divergence"]}
-    return accuracy_record(RunContext("run-1", tmp_path), utc_now(), result, artifacts)
+def _record(tmp_path: Path, result: AccuracyResult) -> Record:
+    return stage_record(RunContext("run-1", tmp_path), STAGE, utc_now(), result.record_parts())
 
 
 def test_the_shipped_thresholds_pass_int8_and_the_controls_behave(tmp_path: Path) -> None:

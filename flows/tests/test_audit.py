@@ -21,8 +21,8 @@ from markdown_it import MarkdownIt
 import forkaudit
 from adrkit import Record, render_block, update_adrs, utc_now, write_record
 from adrkit._blocks import _LABELS
-from flows._stage import RunContext
-from flows.audit import audit_record
+from flows._stage import RunContext, stage_record
+from flows.audit import STAGE
 
 from conftest import REPO_ROOT, other_language
 
@@ -85,7 +85,7 @@ def _repo(path: Path, files: dict[str, str]) -> Path:
 
 def _record(tmp_path: Path, report: forkaudit.AuditReport) -> Record:
     ctx = RunContext("run-audit", tmp_path / "results")
-    record = audit_record(ctx, utc_now(), report.to_dict(), {})
+    record = stage_record(ctx, STAGE, utc_now(), forkaudit.record_parts(report, {}))
     write_record(ctx.results_root, record)
     return record
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from adrkit import render_block, utc_now
-from flows._stage import GatesFileError, RunContext, load_gates, stage_gates
+from flows._stage import GatesFileError, RunContext, load_gates, stage_gates, stage_record
 from flows.pipeline import STAGES
-from flows.throughput import throughput_record
+from flows.throughput import STAGE
+from kvbench.throughput import ThroughputResult
 
 # Two real kernel cells through Triton's interpreter: enough for a throughput record.
 _KERNEL_MATRIX = """
@@ -64,8 +65,8 @@ def test_the_shipped_gates_judge_a_real_kernel_only_throughput_record(tmp_path: 
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(result_file.read_text())
-    record = throughput_record(RunContext("run-1", tmp_path), started_at, result, {})
+    result = ThroughputResult.from_dict(json.loads(result_file.read_text()))
+    record = stage_record(RunContext("run-1", tmp_path), STAGE, started_at, result.record_parts())
     assert [(g.name, g.value, g.op, g.threshold) for g in record.gates] == [
         ("cells_measured", 2.0, ">=", 1.0),
         ("regressions", 0.0, "<=", 0.0),

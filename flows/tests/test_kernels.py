@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from adrkit import read_record, render_block, utc_now, write_record
-from flows._stage import RunContext
-from flows.kernels import STAGE, kernels_record, previous_manifest
+from flows._stage import RunContext, stage_record
+from flows.kernels import STAGE, previous_manifest
 from kvquant.build import build
 
 FIRST_RUN = "No previous build under this results root: nothing to compare against."
@@ -33,7 +33,8 @@ def test_resource_diff_block_tells_a_first_build_from_an_unchanged_one(
             cache_dir=tmp_path / "build-cache",
         )
         # Through the JSON file, as the ADR writer reads it.
-        record = read_record(write_record(root, kernels_record(ctx, utc_now(), result)))
+        record = stage_record(ctx, STAGE, utc_now(), result.record_parts())
+        record = read_record(write_record(root, record))
         blocks.append(render_block("kvquant-resource-diff", {STAGE: record}, "en"))
         summaries.append(record.summary)
 
@@ -55,7 +56,7 @@ def test_resource_table_gives_nvidia_registers_in_the_vgpr_column(
     result = build(
         ["sm90"], tiny_kernel_matrix, out=ctx.stage_dir(STAGE), cache_dir=tmp_path / "cache"
     )
-    table = kernels_record(ctx, utc_now(), result).tables["resources"]
+    table = stage_record(ctx, STAGE, utc_now(), result.record_parts()).tables["resources"]
     column = table.columns.index("vgprs")
     registers = {row[1]: row[column] for row in table.rows}
     assert registers, "the build produced no rows"

@@ -141,11 +141,9 @@ def main() -> None:
         start = time.perf_counter()
         result = forkaudit.find_base(f"dir:{fork_of_history}", repo, "main~499..main")
         seconds = time.perf_counter() - start
-        best = result["best"]
-        assert isinstance(best, dict)
         print(
-            f"find-base over {result['candidates']} candidates: {seconds:.2f} s (target <= 30); "
-            f"best differs in {best['files_changed']} files"
+            f"find-base over {result.candidates} candidates: {seconds:.2f} s (target <= 30); "
+            f"best differs in {result.best.files_changed} files"
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)

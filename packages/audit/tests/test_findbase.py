@@ -10,10 +10,10 @@ from conftest import Repos
 def test_range_ranks_the_true_base_first(repos: Repos) -> None:
     result = forkaudit.find_base(str(repos.fork2), repos.upstream, "v0.1.1..v0.2.0")
     c = repos.commits
-    assert result["candidates"] == 4  # v0.1.1 (c3) and the first-parent line c4..c6
-    assert result["best"] == {"commit": c["c4"], "files_changed": 2}
+    assert result.candidates == 4  # v0.1.1 (c3) and the first-parent line c4..c6
+    assert result.best == forkaudit.Candidate(c["c4"], 2)
     # c3 lacks c4's block_pool change; c5 adds the worker and docs changes; ties keep order.
-    assert result["ranking"] == [
+    assert result.to_dict()["ranking"] == [
         {"commit": c["c4"], "files_changed": 2},
         {"commit": c["c3"], "files_changed": 3},
         {"commit": c["c5"], "files_changed": 3},
@@ -24,7 +24,7 @@ def test_range_ranks_the_true_base_first(repos: Repos) -> None:
 def test_tag_list_and_scope(repos: Repos) -> None:
     result = forkaudit.find_base(str(repos.fork2), repos.upstream, "v0.1.0, v0.1.1 v0.2.0")
     c = repos.commits
-    assert result["ranking"] == [
+    assert result.to_dict()["ranking"] == [
         {"commit": c["c3"], "files_changed": 3},
         {"commit": c["c1"], "files_changed": 5},
         {"commit": c["c6"], "files_changed": 5},
@@ -32,7 +32,7 @@ def test_tag_list_and_scope(repos: Repos) -> None:
     scoped = forkaudit.find_base(
         str(repos.fork2), repos.upstream, ["v0.1.0", "v0.1.1"], scope="vllm/platforms/"
     )
-    assert scoped["best"] == {"commit": c["c1"], "files_changed": 1}
+    assert scoped.best == forkaudit.Candidate(c["c1"], 1)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_scope_matching_only_a_later_candidate_still_ranks(repos: Repos) -> None
         str(repos.fork2), repos.upstream, "v0.1.1..v0.2.0", scope="vllm/new_feature"
     )
     c = repos.commits
-    assert result["ranking"] == [
+    assert result.to_dict()["ranking"] == [
         {"commit": c["c3"], "files_changed": 0},
         {"commit": c["c4"], "files_changed": 0},
         {"commit": c["c5"], "files_changed": 0},

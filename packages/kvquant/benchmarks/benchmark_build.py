@@ -56,16 +56,16 @@ def run(args: argparse.Namespace, work: Path) -> None:
     cli_s = time.perf_counter() - started
 
     by_kernel: dict[str, list[float]] = defaultdict(list)
-    for cell in cold["cells"]:
+    for cell in cold.cells:
         if cell["status"] == "ok":
             by_kernel[cell["kernel"]].append(cell["compile_s"])
-    print(f"targets {targets}, {len(cold['cells'])} cells, {len(cold['failures'])} failed, "
+    print(f"targets {targets}, {len(cold.cells)} cells, {len(cold.failures)} failed, "
           f"jobs {args.jobs or os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     for kernel, seconds in sorted(by_kernel.items()):
         print(f"  {kernel:<18} {len(seconds):>4} cells, compile {statistics.mean(seconds):5.2f} s "
               f"mean, {sum(seconds):7.1f} s total (one core)")  # fmt: skip
-    print(f"cold build:  {cold['elapsed_s']:7.2f} s  (target <= 60 s)")
-    print(f"warm build:  {warm['elapsed_s']:7.2f} s  (target <= 2 s; {warm['cached']} cached)")
+    print(f"cold build:  {cold.elapsed_s:7.2f} s  (target <= 60 s)")
+    print(f"warm build:  {warm.elapsed_s:7.2f} s  (target <= 2 s; {warm.cached} cached)")
     print(f"warm CLI:    {cli_s:7.2f} s  (a fresh `python -m kvquant build`, imports included)")
 
 

@@ -68,7 +68,7 @@ def _interpreted_triton_for_vllm() -> None:
     modules a placeholder Triton; give them the real one, whose interpreter runs the kernels."""
     utils = importlib.import_module("vllm.triton_utils")
     if not getattr(utils, "HAS_TRITON", True):
-        utils.triton, utils.tl = triton, importlib.import_module("triton.language")
+        vars(utils).update(triton=triton, tl=importlib.import_module("triton.language"))
 
 
 def upstream_kernel() -> tuple[Callable[..., None], Any]:
@@ -133,7 +133,7 @@ def bf16_decode(setup: DecodeSetup) -> Callable[[], None]:
     _, num_kv_heads, head_size = setup.geometry
     shape = (setup.cache.num_blocks, setup.cache.block_size, num_kv_heads, 2 * head_size)
     kv16 = torch.randn(shape, dtype=setup.query.dtype, device=setup.query.device)
-    k, v = kv16.split(head_size, dim=-1)
+    k, v = kv16[..., :head_size], kv16[..., head_size:]
     ones = torch.ones(1, dtype=torch.float32, device=setup.query.device)
     ones = ones.expand(setup.query.shape[0], num_kv_heads)
     return unified_decode(
@@ -267,7 +267,7 @@ class PrefillSideBySide:
         else:
             shape = (side.cache.num_blocks, side.cache.block_size, NUM_KV_HEADS, 2 * HEAD_SIZE)
             kv16 = torch.randn(shape, dtype=self.query.dtype, device=self.query.device)
-            k, v = kv16.split(HEAD_SIZE, dim=-1)
+            k, v = kv16[..., :HEAD_SIZE], kv16[..., HEAD_SIZE:]
             ones = torch.ones(1, dtype=torch.float32, device=self.query.device)
             ones = ones.expand(side.query.shape[0], NUM_KV_HEADS)
             out = torch.empty_like(self.query)

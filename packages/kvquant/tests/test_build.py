@@ -20,6 +20,7 @@ import triton.language as tl
 
 from kvquant.build import (
     ArtifactError,
+    BuildResult,
     MatrixFileError,
     cdna2_waves_per_simd,
     diff_manifests,
@@ -81,7 +82,7 @@ cold = build(["gfx90a", "sm90"], root / "test.toml", out=root / "cold", cache_di
 warm = build(["sm90", "gfx90a"], root / "test.toml", out=root / "warm", cache_dir=cache,
              previous=root / "cold")
 real = build(None, root / "kvquant.toml", out=root / "real", cache_dir=cache, jobs=1)
-print(json.dumps({"cold": cold, "warm": warm, "real": real}))
+print(json.dumps({"cold": cold.to_dict(), "warm": warm.to_dict(), "real": real.to_dict()}))
 """
 
 
@@ -150,9 +151,11 @@ def test_warm_rebuild_comes_from_the_cache(builds: dict[str, Any]) -> None:
             assert old == (builds["root"] / "warm" / after["artifacts"][kind]["path"]).read_bytes()
     assert warm["diff"] == []  # same resources
     assert warm["compared_with"] == str(builds["root"] / "cold" / "manifest.json")
-    assert f"no resource use changed against {warm['compared_with']}" in format_report(warm)
+    report = format_report(BuildResult.from_dict(warm))
+    assert f"no resource use changed against {warm['compared_with']}" in report
     assert cold["compared_with"] is None
-    assert "against" not in format_report(cold)  # nothing was compared: nothing said
+    # Nothing was compared: nothing said.
+    assert "against" not in format_report(BuildResult.from_dict(cold))
 
 
 def test_cache_key_changes_with_the_specialization(builds: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ generated block of every ADR from the latest records, as one set and under the A
 lock.
 """
 
+from adrkit._block_sources import BLOCK_SOURCES, BlockSource, check_records, missing_tables
 from adrkit._blocks import BLOCKS, markdown_table, markdown_text
 from adrkit._document import LANGS
 from adrkit._errors import (
@@ -44,11 +45,13 @@ from adrkit._writer import UpdateResult, update_adrs
 
 __all__ = [
     "BLOCKS",
+    "BLOCK_SOURCES",
     "LANGS",
     "MAX_RECORD_BYTES",
     "SCHEMA_VERSION",
     "STATUSES",
     "AdrError",
+    "BlockSource",
     "CommitError",
     "Decisions",
     "Evidence",
@@ -66,6 +69,7 @@ __all__ = [
     "Table",
     "UpdateResult",
     "block_keys",
+    "check_records",
     "decision_rows",
     "hardware",
     "hardware_class",
@@ -76,6 +80,7 @@ __all__ = [
     "markdown_table",
     "markdown_text",
     "milestone_problems",
+    "missing_tables",
     "new_run_id",
     "package_versions",
     "read_record",

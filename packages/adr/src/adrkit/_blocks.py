@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from adrkit._block_sources import BLOCK_SOURCES
 from adrkit._evidence import hardware_class
 from adrkit._record import Record, Scalar, Table
 
@@ -632,7 +633,7 @@ _AUDIT_SUMMARY_METRICS = (
 
 def render_audit_summary(records: Records, lang: str) -> str:
     """ADR 0012: the verdict, in the ADR's language, and what differs, in counts."""
-    record = _require(records, "audit", lang)
+    record = _require(records, BLOCK_SOURCES["audit-summary"].stage, lang)
     if isinstance(record, str):
         return record
     parts = [f"**{markdown_text(label(lang, 'verdict'))}:** {_audit_verdict(record, lang)}"]
@@ -857,7 +858,7 @@ def _present_left_out(table: Table, lang: str) -> tuple[list[str], list[list[Sca
     return ["path", "side", "reason"], rows
 
 
-# The columns each presenter reads (flows/audit.py writes them).
+# The columns each presenter reads (forkaudit's record parts write them).
 _QUESTION_COLUMNS = frozenset(
     {"question", "answer", "kind", "subject", "change", "name", "old", "new", "path"}
 )
@@ -924,16 +925,15 @@ class StageRenderer:
 
 
 def render_record_table(
-    stage: str,
-    table: str,
+    key: str,
     empty_key: str,
-    figures: Sequence[str] = (),
     no_baseline_key: str | None = None,
     present: tuple[Presenter, frozenset[str]] | None = None,
     verbatim: frozenset[str] = frozenset(),
 ) -> StageRenderer:
-    """A renderer that shows one named table of one stage's record, then the named figures
-    the record has (PNG artifacts, which the writer copies beside the ADRs).
+    """A renderer for block ``key`` that shows the one table of one stage's record that
+    `BLOCK_SOURCES` declares for it, then the declared figures the record has (PNG artifacts,
+    which the writer copies beside the ADRs).
 
     `present` is a function that turns the table into the columns and rows shown, in the ADR's
     language, and the columns it needs; a table without them (from an older record) is shown
@@ -944,6 +944,8 @@ def render_record_table(
     there was no earlier result to compare against (`Table.baseline_found` is False). A record
     without the table (its stage crashed first) shows its reason instead.
     """
+    source = BLOCK_SOURCES[key]
+    stage, (table,), figures = source.stage, source.tables, source.figures
 
     def render(records: Records, lang: str) -> str:
         record = _require(records, stage, lang)
@@ -978,56 +980,32 @@ def render_record_table(
 BLOCKS: dict[str, Renderer] = {
     "audit-summary": render_audit_summary,
     "audit-questions": render_record_table(
-        "audit",
-        "questions",
-        "no-questions",
-        present=(_present_questions, _QUESTION_COLUMNS),
+        "audit-questions", "no-questions", present=(_present_questions, _QUESTION_COLUMNS)
     ),
     "audit-findings": render_record_table(
-        "audit", "findings", "no-findings", present=(_present_findings, _FINDING_COLUMNS)
+        "audit-findings", "no-findings", present=(_present_findings, _FINDING_COLUMNS)
     ),
     "audit-changes": render_record_table(
-        "audit", "changes", "no-changes", present=(_present_changes, _CHANGES_COLUMNS)
+        "audit-changes", "no-changes", present=(_present_changes, _CHANGES_COLUMNS)
     ),
     "audit-left-out": render_record_table(
-        "audit",
-        "left-out",
-        "nothing-left-out",
-        present=(_present_left_out, _LEFT_OUT_COLUMNS),
+        "audit-left-out", "nothing-left-out", present=(_present_left_out, _LEFT_OUT_COLUMNS)
     ),
     "kvquant-correctness": render_record_table(
-        "correctness", "errors", "no-cases", verbatim=frozenset({"verdict"})
+        "kvquant-correctness", "no-cases", verbatim=frozenset({"verdict"})
     ),
     "kvquant-edge-cases": render_record_table(
-        "correctness", "edge-cases", "no-cases", verbatim=frozenset({"detail"})
+        "kvquant-edge-cases", "no-cases", verbatim=frozenset({"detail"})
     ),
-    "kvquant-resources": render_record_table("kernels", "resources", "no-cases"),
+    "kvquant-resources": render_record_table("kvquant-resources", "no-cases"),
     "kvquant-resource-diff": render_record_table(
-        "kernels", "resource-diff", "no-diff", no_baseline_key="no-previous-build"
+        "kvquant-resource-diff", "no-diff", no_baseline_key="no-previous-build"
     ),
-    "kvbench-accuracy": render_record_table(
-        "accuracy", "deltas", "no-rows", figures=("accuracy_deltas.png",)
-    ),
-    "kvbench-divergence": render_record_table(
-        "accuracy", "divergence", "no-rows", figures=("divergence_kld.png",)
-    ),
+    "kvbench-accuracy": render_record_table("kvbench-accuracy", "no-rows"),
+    "kvbench-divergence": render_record_table("kvbench-divergence", "no-rows"),
     "kvbench-kernel-throughput": render_record_table(
-        "throughput",
-        "kernels",
-        "no-rows",
-        figures=("throughput-kernel-vs-context.png", "throughput-kernel-vs-batch.png"),
-        verbatim=frozenset({"verdict"}),
+        "kvbench-kernel-throughput", "no-rows", verbatim=frozenset({"verdict"})
     ),
-    "kvbench-capacity": render_record_table("throughput", "capacity", "no-rows"),
-    "kvbench-e2e": render_record_table(
-        "throughput",
-        "e2e",
-        "no-rows",
-        figures=(
-            "throughput-e2e-vs-batch.png",
-            "throughput-e2e-vs-input_len.png",
-            "throughput-trend.png",
-        ),
-        verbatim=frozenset({"verdict"}),
-    ),
+    "kvbench-capacity": render_record_table("kvbench-capacity", "no-rows"),
+    "kvbench-e2e": render_record_table("kvbench-e2e", "no-rows", verbatim=frozenset({"verdict"})),
 }

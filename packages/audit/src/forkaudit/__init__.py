@@ -15,8 +15,15 @@ from forkaudit._errors import (
     ScopeError,
     SpecError,
 )
-from forkaudit._findbase import find_base
+from forkaudit._findbase import BaseSearch, Candidate, find_base
 from forkaudit._questions import ANSWERS, EVIDENCE_KINDS, QUESTIONS, Answer, Evidence
+from forkaudit._record import (
+    RECORD_TABLES,
+    RecordParts,
+    RecordTable,
+    record_parts,
+    write_reports,
+)
 from forkaudit._report import CHANGE_KINDS, CONTENT_KINDS, AuditReport, FileReport, Finding
 from forkaudit._rules import Rules, load_rules
 from forkaudit._semantic import FACT_CHANGES, FACT_SUBJECTS, Fact
@@ -33,15 +40,20 @@ __all__ = [
     "LARGE_FILE_BYTES",
     "LEFT_OUT_REASONS",
     "QUESTIONS",
+    "RECORD_TABLES",
     "Answer",
     "AuditError",
     "AuditReport",
+    "BaseSearch",
+    "Candidate",
     "Evidence",
     "Fact",
     "FetchError",
     "FileReport",
     "Finding",
     "GitError",
+    "RecordParts",
+    "RecordTable",
     "Rules",
     "RulesFileError",
     "ScopeError",
@@ -49,6 +61,8 @@ __all__ = [
     "diff",
     "find_base",
     "load_rules",
+    "record_parts",
+    "write_reports",
 ]
 
 

@@ -162,13 +162,11 @@ def _run_find_base(args: _CliArgs) -> int:
     result = find_base(
         args.fork, args.upstream_repo, args.candidates, scope=args.scope, cache_dir=args.cache_dir
     )
-    _write_all([("json", args.json, json.dumps(result, indent=2) + "\n")])
+    _write_all([("json", args.json, json.dumps(result.to_dict(), indent=2) + "\n")])
     if args.json != "-":
-        best, ranking = result["best"], result["ranking"]
-        assert isinstance(best, dict) and isinstance(ranking, list)
-        print(f"best: {best['commit']} ({best['files_changed']} files changed)")
-        for rank, candidate in enumerate(ranking, start=1):
-            print(f"{rank}. {candidate['commit']} {candidate['files_changed']}")
+        print(f"best: {result.best.commit} ({result.best.files_changed} files changed)")
+        for rank, candidate in enumerate(result.ranking, start=1):
+            print(f"{rank}. {candidate.commit} {candidate.files_changed}")
     return EXIT_OK
 
 

@@ -31,6 +31,26 @@ class Candidate:
         return {"commit": self.commit, "files_changed": self.files_changed}
 
 
+@dataclass(frozen=True)
+class BaseSearch:
+    """The candidates nearest the fork, nearest first (at most `RANKING_SIZE`), and how many
+    were compared; ``to_dict`` is the JSON of `forkaudit find-base`."""
+
+    ranking: list[Candidate]
+    candidates: int
+
+    @property
+    def best(self) -> Candidate:
+        return self.ranking[0]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "best": self.best.to_dict(),
+            "ranking": [c.to_dict() for c in self.ranking],
+            "candidates": self.candidates,
+        }
+
+
 def find_base(
     fork: str,
     upstream_repo: Path,
@@ -38,12 +58,9 @@ def find_base(
     *,
     scope: str | None = None,
     cache_dir: Path | None = None,
-) -> dict[str, object]:
-    """Rank CANDIDATES (a rev range `A..B` on the first-parent line, or revs) by distance.
-
-    Returns {"best": {commit, files_changed}, "ranking": [top 5, same fields],
-    "candidates": how many were compared}. Ties go to the earlier candidate.
-    """
+) -> BaseSearch:
+    """Rank CANDIDATES (a rev range `A..B` on the first-parent line, or revs) by distance; ties
+    go to the earlier candidate."""
     fork_entries = open_spec(fork, scope=scope, cache_dir=cache_dir).entries
     spec = f"--upstream-repo {upstream_repo}"
     repo = open_repo(spec, str(upstream_repo))
@@ -78,11 +95,7 @@ def find_base(
         )
         raise ScopeError(msg)
     ranking = sorted(ranked, key=lambda c: c.files_changed)[:RANKING_SIZE]  # sort is stable
-    return {
-        "best": ranking[0].to_dict(),
-        "ranking": [c.to_dict() for c in ranking],
-        "candidates": len(commits),
-    }
+    return BaseSearch(ranking, len(commits))
 
 
 def _candidate_commits(spec: str, repo: git.Repo, candidates: str | list[str]) -> list[str]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from kvbench.accuracy import DivergenceResult
 from kvbench.accuracy._config import DEFAULT_CONFIG, DivergenceSpec, load_config
 from kvbench.accuracy._divergence import run_divergence
 
@@ -30,7 +31,7 @@ _SPEC = DivergenceSpec(
 _SHIPPED_GATE = load_config(DEFAULT_CONFIG).divergence_gate
 
 
-def _run(smollm2: Any, tmp_path: Path, **gate_changes: float) -> dict[str, Any]:
+def _run(smollm2: Any, tmp_path: Path, **gate_changes: float) -> DivergenceResult:
     assert _SHIPPED_GATE is not None
     model, tokenizer = smollm2
     return run_divergence(
@@ -47,24 +48,24 @@ def _run(smollm2: Any, tmp_path: Path, **gate_changes: float) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def shipped(smollm2: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def shipped(smollm2: Any, tmp_path_factory: pytest.TempPathFactory) -> DivergenceResult:
     return _run(smollm2, tmp_path_factory.mktemp("divergence"))
 
 
-def _rows(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {row["arm"]: row for row in result["rows"]}
+def _rows(result: DivergenceResult) -> dict[str, dict[str, Any]]:
+    return {row["arm"]: row for row in result.rows}
 
 
 def test_int8_passes_the_4_bit_control_fails_and_the_trap_is_exactly_0(
-    shipped: dict[str, Any],
+    shipped: DivergenceResult,
 ) -> None:
     rows = _rows(shipped)
-    assert [(r["arm"], r["expected"], r["verdict"]) for r in shipped["rows"]] == [
+    assert [(r["arm"], r["expected"], r["verdict"]) for r in shipped.rows] == [
         ("candidate", "passed", "passed"),
         ("degraded", "failed", "failed"),
         ("trap", "exactly-0", "exactly-0"),
     ]
-    assert shipped["passed"] and all(row["behaved"] for row in shipped["rows"])
+    assert shipped.passed and all(row["behaved"] for row in shipped.rows)
     int8, int4, trap = rows["candidate"], rows["degraded"], rows["trap"]
     assert (int8["tokens"], int4["tokens"], trap["tokens"]) == (126, 63, 63)
     # INT8 is read (a real, small divergence), the 4-bit cache far more.
@@ -79,18 +80,18 @@ def test_int8_passes_the_4_bit_control_fails_and_the_trap_is_exactly_0(
     # Per chunk and overall, and the chunks' positions add up.
     assert [c["tokens"] for c in int8["chunks"]] == [63, 63]
     assert len(int4["chunks"]) == len(trap["chunks"]) == 1
-    assert Path(shipped["plot"]).read_bytes().startswith(b"\x89PNG")
+    assert Path(str(shipped.plot)).read_bytes().startswith(b"\x89PNG")
 
 
 def test_a_gate_tighter_than_int8s_divergence_fails_it(
-    smollm2: Any, shipped: dict[str, Any], tmp_path: Path
+    smollm2: Any, shipped: DivergenceResult, tmp_path: Path
 ) -> None:
     measured = _rows(shipped)["candidate"]["mean_kld"]
     result = _run(smollm2, tmp_path, max_mean_kld=measured / 2)
     candidate = _rows(result)["candidate"]
     assert candidate["verdict"] == "failed" and candidate["checks"]["mean_kld"] is False
     assert candidate["mean_kld"] == measured  # the same tokens, the same numbers
-    assert not result["passed"]
+    assert not result.passed
 
 
 def test_a_gate_too_loose_to_fail_the_4_bit_cache_fails_the_run(
@@ -103,7 +104,7 @@ def test_a_gate_too_loose_to_fail_the_4_bit_cache_fails_the_run(
         "passed",
         False,
     )
-    assert not result["passed"]
+    assert not result.passed
 
 
 # `kvbench divergence` where lm-eval, datasets and matplotlib are not installed (the GPU machine

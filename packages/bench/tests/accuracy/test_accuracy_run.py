@@ -84,10 +84,10 @@ def test_rerun_reads_finished_requests_from_the_cache(tiny_config: Path, tmp_pat
         for key in list(cached):
             cached[key] = "#not-a-word#"
     second = run_accuracy(tiny_config, out_dir=out, progress=False)
-    lambada = next(r for r in second["rows"] if r["task"] == "kvb_lambada")
+    lambada = next(r for r in second.rows if r["task"] == "kvb_lambada")
     assert lambada["int8"] == 0.0
-    assert [r for r in second["rows"] if r["task"] == "kvb_arc_easy"] == [
-        r for r in first["rows"] if r["task"] == "kvb_arc_easy"
+    assert [r for r in second.rows if r["task"] == "kvb_arc_easy"] == [
+        r for r in first.rows if r["task"] == "kvb_arc_easy"
     ]
 
 

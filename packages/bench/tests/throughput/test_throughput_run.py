@@ -43,7 +43,7 @@ def test_interpreted_kernel_cells_are_functional_checks_kept_out_of_speed_compar
         result = run_throughput(
             matrix, history_url=url, out_dir=tmp_path / f"n{night}", progress=False
         )
-    cells = {cell["name"].split(" heads")[0]: cell for cell in result["cells"]}
+    cells = {cell["name"].split(" heads")[0]: cell for cell in result.cells}
     decode = cells["decode int8 batch=1 context=64"]
     assert decode["status"] == "ok" and decode["value"] > 0 and decode["bytes"] > 0
     assert decode["copy_fraction"] == pytest.approx(decode["gbs"] / decode["copy_gbs"])
@@ -55,7 +55,7 @@ def test_interpreted_kernel_cells_are_functional_checks_kept_out_of_speed_compar
     assert decode["bytes_vs_16bit"] == (2 * 64 + 8) / (4 * 64)
     assert decode["speedup_vs_16bit"] is None
     assert decode["judgement"] == "not-judged" and decode["baseline_median"] is None
-    assert result["history_check"] == {
+    assert result.history_check == {
         "min_history": 2,
         "cells_judged": 0,
         "cells_history_too_short": 0,
@@ -64,12 +64,12 @@ def test_interpreted_kernel_cells_are_functional_checks_kept_out_of_speed_compar
     # The unknown dtype fails alone, with a message naming it.
     bad = cells["decode int4 batch=1 context=32"]
     assert bad["status"] == "failed" and "int4" in bad["error"] and bad["judgement"] is None
-    assert sum(cell["status"] == "ok" for cell in result["cells"]) == 8
+    assert sum(cell["status"] == "ok" for cell in result.cells) == 8
     # Recorded for the record, but neither trend nor scaling plots show a functional check.
     history = History(url)
-    assert len(history.recent_values(result["hardware"]["key"], decode["name"], "time_ms", 5)) == 3
+    assert len(history.recent_values(result.hardware["key"], decode["name"], "time_ms", 5)) == 3
     history.close()
-    assert result["plots"] == []
+    assert result.plots == []
     assert json.loads((tmp_path / "n2" / "throughput.json").read_text())["cells"]
 
 
@@ -83,7 +83,7 @@ def test_a_chunked_prefill_cell_attends_its_new_tokens_over_the_cached_prefix(
         .replace("context = [32, 64]", "context = 48\nprefix = 32")
     )
     result = run_throughput(matrix, history_url=None, out_dir=tmp_path / "out", progress=False)
-    (cell,) = result["cells"]
+    (cell,) = result.cells
     assert cell["status"] == "ok", cell["error"]
     assert (cell["context"], cell["prefix"]) == (48, 32) and "prefix=32" in cell["name"]
     # Three pages of cache read; 16 new tokens x 4 query heads x 64 in bf16, read and written.
@@ -180,14 +180,14 @@ def test_real_vllm_cells_a_bad_dtype_that_fails_alone_and_a_functional_int8_chec
     matrix = tmp_path / "vllm.toml"
     matrix.write_text(VLLM_MATRIX)
     result = run_throughput(matrix, out_dir=tmp_path / "out", progress=False)
-    good, bad, int8 = result["cells"]
+    good, bad, int8 = result.cells
     assert good["status"] == "ok", good["error"]
     assert good["value"] > 0 and good["engine_start_s"] > 0
     assert bad["status"] == "failed" and "int7" in bad["error"]
     # vLLM's own fp32 cache: a timing, and a capacity row computed for the dtype the engine
     # stores (float32, from --dtype) that equals the engine's own.
     assert good["measurement"] == "timed" and good["cache_dtype"] == "float32"
-    rows = {(row["source"], row["kv_cache_dtype"]): row for row in result["capacity"]}
+    rows = {(row["source"], row["kv_cache_dtype"]): row for row in result.capacity}
     computed, engine = rows["computed", "auto"], rows["engine", "auto"]
     assert computed["cache_dtype"] == engine["cache_dtype"] == "float32"
     assert computed["max_tokens"] == engine["max_tokens"]
@@ -196,7 +196,7 @@ def test_real_vllm_cells_a_bad_dtype_that_fails_alone_and_a_functional_int8_chec
     assert int8["status"] == "ok", int8["error"]
     assert int8["measurement"] == "functional-check-reference"
     assert int8["judgement"] == "not-judged"
-    assert result["summary"] == {**result["summary"], "cells_timed": 1, "cells_functional_check": 1}
+    assert result.summary == {**result.summary, "cells_timed": 1, "cells_functional_check": 1}
     computed, engine = rows["computed", INT8_KV_CACHE_DTYPE], rows["engine", INT8_KV_CACHE_DTYPE]
     assert computed["max_tokens"] == engine["max_tokens"]
 
@@ -239,6 +239,6 @@ def test_real_vllm_cell_through_the_named_interpreter(
     matrix = tmp_path / "vllm.toml"
     matrix.write_text(VLLM_ENGINE + VLLM_CELL)
     result = run_throughput(matrix, out_dir=tmp_path / "out", progress=False)
-    (cell,) = result["cells"]
+    (cell,) = result.cells
     assert cell["status"] == "ok", cell["error"]
     assert cell["value"] > 0

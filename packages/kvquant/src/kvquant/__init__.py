@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         to_upstream_layout,
     )
     from ._check import run_correctness
+    from ._correctness import CorrectnessResult
     from ._output import output_problem
     from .ops._common import ACTIVATION_DTYPES, interpreted
     from .ops.cache_write import cache_write
@@ -56,6 +57,7 @@ _LAZY_EXPORTS = {
     "plan_decode": ".ops.decode_attention",
     "PrefillConfig": ".ops.prefill_attention",
     "prefill_attention": ".ops.prefill_attention",
+    "CorrectnessResult": "._correctness",
     "run_correctness": "._check",
     "output_problem": "._output",
 }
@@ -64,6 +66,7 @@ __all__ = [
     "ACTIVATION_DTYPES",
     "SUPPORTED_BLOCK_SIZES",
     "SUPPORTED_HEAD_SIZES",
+    "CorrectnessResult",
     "DecodeConfig",
     "DecodePlan",
     "InvalidInputError",

@@ -12,10 +12,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ._errors import KVQuantError
 from ._output import output_problem
+
+if TYPE_CHECKING:
+    from ._correctness import CorrectnessResult
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,8 +67,7 @@ def _build(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(format_report(result, table=args.table))
-    failed = result["failures"] or not all(gate["passed"] for gate in result["gates"])
-    return 1 if failed else 0
+    return 0 if result.passed else 1
 
 
 def _use_interpreter_if_cpu(device: str | None) -> None:
@@ -80,24 +82,23 @@ def _use_interpreter_if_cpu(device: str | None) -> None:
     os.environ["TRITON_INTERPRET"] = "1"
 
 
-def _table(result: dict[str, Any]) -> str:
+def _table(result: CorrectnessResult) -> str:
     lines = [
-        f"kvquant check on {result['device']} (triton {result['triton']})",
+        f"kvquant check on {result.device} (triton {result.triton})",
         f"{'kernel':<25} {'dtype':<26} {'head':>4} {'block':>5} {'gqa':>3} "
         f"{'rel_l2':>9} {'tol':>7} {'quant_l2':>9}  ok",
     ]
-    for case in result["cases"]:
+    for case in result.cases:
         lines.append(
-            f"{case['kernel']:<25} {case['dtype']:<26} {case['head_size']:>4} "
-            f"{case['block_size']:>5} {case['gqa']:>3} {case['rel_l2']:>9.2e} "
-            f"{case['tolerance']:>7.0e} {case['quant_rel_l2']:>9.2e}  "
-            f"{'yes' if case['passed'] else 'NO'}"
-            + (f"  {case['error']}" if case.get("error") else "")
+            f"{case.kernel:<25} {case.dtype:<26} {case.head_size:>4} "
+            f"{case.block_size:>5} {case.gqa:>3} {case.rel_l2:>9.2e} "
+            f"{case.tolerance:>7.0e} {case.quant_rel_l2:>9.2e}  "
+            f"{'yes' if case.passed else 'NO'}" + (f"  {case.error}" if case.error else "")
         )
     lines.append("")
-    for edge in result["edge_cases"]:
-        lines.append(f"{'yes' if edge['passed'] else 'NO ':<3} {edge['name']:<26} {edge['detail']}")
-    lines.append(f"\n{'PASSED' if result['passed'] else 'FAILED'}")
+    for edge in result.edge_cases:
+        lines.append(f"{'yes' if edge.passed else 'NO ':<3} {edge.name:<26} {edge.detail}")
+    lines.append(f"\n{'PASSED' if result.passed else 'FAILED'}")
     return "\n".join(lines)
 
 
@@ -121,11 +122,12 @@ def main(argv: Sequence[str]) -> int:
     if args.json is not None:
         try:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+            text = json.dumps(result.to_dict(), indent=2) + "\n"
+            args.json.write_text(text, encoding="utf-8")
         except OSError as error:  # the table above still holds the results
             print(f"error: cannot write --json {args.json}: {error.strerror}", file=sys.stderr)
             return 2
-    return 0 if result["passed"] else 1
+    return 0 if result.passed else 1
 
 
 def entrypoint() -> None:

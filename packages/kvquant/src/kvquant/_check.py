@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -17,6 +16,7 @@ import triton
 from . import reference
 from ._batch import PagedBatch, make_paged_batch
 from ._cache import allocate_cache, from_upstream_layout, to_upstream_layout
+from ._correctness import CaseResult, CorrectnessResult, EdgeResult
 from ._errors import InvalidInputError, KernelUnavailableError
 from .ops._common import interpreted
 from .ops.cache_write import cache_write
@@ -47,27 +47,6 @@ class _Shape:
     def label(self) -> str:
         """The kernel as the report names it: a forced split count is part of the name."""
         return self.kernel if self.num_splits is None else f"{self.kernel}, {self.num_splits} split"
-
-
-@dataclass(frozen=True)
-class CaseResult:
-    kernel: str
-    dtype: str
-    head_size: int
-    block_size: int
-    gqa: int
-    rel_l2: float
-    tolerance: float
-    quant_rel_l2: float
-    passed: bool
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class EdgeResult:
-    name: str
-    passed: bool
-    detail: str
 
 
 def _dtype_name(cache_dtype: torch.dtype, model_dtype: torch.dtype) -> str:
@@ -461,18 +440,14 @@ def _resolve_device(device: str | None) -> torch.device:
     return resolved
 
 
-def run_correctness(device: str | None = None, quick: bool = True) -> dict[str, Any]:
-    """Run every kernel against its fp32 reference, then the edge cases; JSON-able result.
+def run_correctness(device: str | None = None, quick: bool = True) -> CorrectnessResult:
+    """Run every kernel against its fp32 reference, then the edge cases.
 
     Args:
         device: "cuda", "cpu" (interpreter; TRITON_INTERPRET=1 must be set before kvquant is
             imported) or None for cuda when available, else cpu.
-        quick: a small shape set (about a minute on 2 CPU cores); False runs the issue's full
-            matrix of head sizes, block sizes, GQA ratios and dtypes.
-
-    Returns:
-        ``{"passed", "device", "triton", "cases": [...], "edge_cases": [...]}``; each case has
-        kernel, dtype, head_size, block_size, gqa, rel_l2, tolerance, quant_rel_l2, passed.
+        quick: a small shape set (about a minute on 2 CPU cores); False runs the full matrix of
+            head sizes, block sizes, GQA ratios and dtypes.
     """
     resolved = _resolve_device(device)
     gen = torch.Generator().manual_seed(_SEED)
@@ -484,10 +459,9 @@ def run_correctness(device: str | None = None, quick: bool = True) -> dict[str, 
         except Exception as error:
             passed, detail = False, f"{type(error).__name__}: {error}"
         edges.append(EdgeResult(name, passed, detail))
-    return {
-        "passed": all(c.passed for c in cases) and all(e.passed for e in edges),
-        "device": str(resolved) if resolved.type == "cpu" else torch.cuda.get_device_name(resolved),
-        "triton": triton.__version__,
-        "cases": [asdict(c) for c in cases],
-        "edge_cases": [asdict(e) for e in edges],
-    }
+    return CorrectnessResult(
+        device=str(resolved) if resolved.type == "cpu" else torch.cuda.get_device_name(resolved),
+        triton=triton.__version__,
+        cases=cases,
+        edge_cases=edges,
+    )

@@ -20,6 +20,7 @@ from ._errors import (
     UnknownTaskError,
     UnsupportedModelError,
 )
+from ._result import AccuracyResult, DivergenceResult
 from ._run import run_accuracy
 from ._stats import (
     PairedStats,
@@ -33,8 +34,10 @@ from ._stats import (
 
 __all__ = [
     "AccuracyError",
+    "AccuracyResult",
     "BackendMissingError",
     "ConfigError",
+    "DivergenceResult",
     "EngineStartError",
     "ModelLoadError",
     "OutputError",

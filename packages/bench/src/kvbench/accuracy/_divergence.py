@@ -36,6 +36,7 @@ import torch
 from ._config import DEGRADED_KV_CACHE_DTYPE, DivergenceGate, DivergenceSpec
 from ._corpus import corpus_chunks
 from ._hf_model import forward, model_session
+from ._result import DivergenceResult, agreement_gate, divergence_gates
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -173,12 +174,9 @@ def divergence_stats(scores: Sequence[TokenScores]) -> DivergenceStats:
 
 
 def gate_checks(stats: DivergenceStats, gate: DivergenceGate) -> dict[str, bool]:
-    """The divergence gate's three checks; a row passes when all hold."""
-    return {
-        "mean_kld": stats.mean_kld <= gate.max_mean_kld,
-        "same_top1": stats.same_top1 >= gate.min_same_top1,
-        "ppl_ratio": stats.ppl_ratio <= gate.max_ppl_ratio,
-    }
+    """The divergence gate's three checks (`divergence_gates`); a row passes when all hold."""
+    checks = divergence_gates("", stats.mean_kld, stats.same_top1, stats.ppl_ratio, gate)
+    return {name: check.passed for name, check in checks.items()}
 
 
 @dataclass(frozen=True)
@@ -244,6 +242,7 @@ def _agreement(
     candidate_scores: dict[str, list[TokenScores]],
     cross: list[TokenScores],
     gate: DivergenceGate,
+    candidate: str,
 ) -> dict[str, Any]:
     """Kernels against reference on the same tokens: the 16-bit model's own divergence between
     the paths, and the paired difference of the candidate's per-position KLD."""
@@ -259,7 +258,7 @@ def _agreement(
         "difference": difference,
         "difference_stderr": difference_stderr,
         "allowed": allowed,
-        "agree": abs(difference) <= allowed,
+        "agree": agreement_gate(candidate, difference, allowed).passed,
     }
 
 
@@ -274,7 +273,7 @@ def run_divergence(
     candidate: str,
     plot_path: Path,
     progress: bool,
-) -> dict[str, Any]:
+) -> DivergenceResult:
     """Score ``spec``'s chunks through ``paths``; rows per path and arm, agreement, the plot at
     ``plot_path``.
 
@@ -347,7 +346,7 @@ def run_divergence(
     agreement = None
     if len(paths) == 2:
         candidate_scores = {path: scores[(path, "candidate")] for path in paths}
-        agreement = _agreement(candidate_scores, cross, gate)
+        agreement = _agreement(candidate_scores, cross, gate, candidate)
     labels = {"candidate": candidate, "degraded": "4-bit control", "trap": "prefill trap"}
     plot = plot_kld(
         {
@@ -359,21 +358,20 @@ def run_divergence(
         gate.max_mean_kld,
         plot_path,
     )
-    return {
-        "corpus": spec.corpus,
-        "chunk_length": spec.chunk_length,
-        "chunks": n_chunks,
-        "control_chunks": n_control_chunks,
-        "attention": list(paths),
-        "baseline": baseline,
-        "candidate": candidate,
-        "gate": asdict(gate),
-        "rows": rows,
-        "agreement": agreement,
-        "passed": all(row["behaved"] for row in rows) and (agreement is None or agreement["agree"]),
-        "plot": None if plot is None else str(plot),
-        "elapsed_s": time.perf_counter() - started,
-    }
+    return DivergenceResult(
+        corpus=spec.corpus,
+        chunk_length=spec.chunk_length,
+        chunks=n_chunks,
+        control_chunks=n_control_chunks,
+        attention=list(paths),
+        baseline=baseline,
+        candidate=candidate,
+        gate=gate,
+        rows=rows,
+        agreement=agreement,
+        plot=None if plot is None else str(plot),
+        elapsed_s=time.perf_counter() - started,
+    )
 
 
 # Per-position KLDs below this show in the plot's first bin (a log axis cannot show 0).

@@ -45,6 +45,7 @@ from ._errors import (
     UnknownTaskError,
 )
 from ._model_files import go_offline, resolve_model
+from ._result import AccuracyResult, DivergenceResult
 from ._stats import gate_passes, paired_stats, verdict
 
 # Per-sample metrics that are (log-likelihood, weight) pairs, scored per item as the negative
@@ -243,7 +244,7 @@ def _run_in(
     overrides: dict[str, Any],
     out_dir: Path,
     progress: bool,
-) -> dict[str, Any]:
+) -> AccuracyResult:
     """The same run by ``python``'s kvbench (vLLM's own environment), read back from its
     ``accuracy.json``; its one-line error becomes this one's."""
     argv = [python, "-m", "kvbench", "accuracy", "--out", str(out_dir)]
@@ -263,8 +264,7 @@ def _run_in(
         msg = f"kvbench accuracy in {python}: {last.removeprefix('kvbench accuracy: error: ')}"
         raise EngineStartError(msg)
     sys.stderr.writelines(line + "\n" for line in lines)
-    result: dict[str, Any] = json.loads((out_dir / RESULT_NAME).read_text(encoding="utf-8"))
-    return result
+    return AccuracyResult.read(out_dir / RESULT_NAME)
 
 
 def run_accuracy(
@@ -277,13 +277,13 @@ def run_accuracy(
     progress: bool = True,
     divergence_only: bool = False,
     divergence_overrides: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> AccuracyResult:
     """Run every configured run with the baseline and candidate caches; pair, gate and plot.
 
     ``model``, ``device`` and ``limit`` override the config, ``divergence_overrides`` its
     divergence runs (`load_config`). ``divergence_only`` runs the divergence runs alone, without
-    lm-eval, and writes ``divergence.json`` instead of ``accuracy.json``. Writes the result and
-    the plots into ``out_dir`` and returns the same JSON-able dict. A bad config or override, or
+    lm-eval, and writes ``divergence.json`` instead of ``accuracy.json``. Writes the result (its
+    ``to_dict()``) and the plots into ``out_dir`` and returns it. A bad config or override, or
     an ``out_dir`` that cannot be written, is refused before the model loads.
     """
     started = time.perf_counter()
@@ -352,7 +352,7 @@ def run_accuracy(
                 )
             rows += _rows(run, scores[0], scores[1], cfg.tolerance)
     out_dir.mkdir(parents=True, exist_ok=True)
-    divergence = []
+    divergence: list[DivergenceResult] = []
     if cfg.divergence:
         from ._divergence import plot_name, run_divergence
 
@@ -375,21 +375,19 @@ def run_accuracy(
     if rows:
         plot_path = out_dir / PLOT_NAME
         plot_deltas(rows, cfg.tolerance, plot_path)
-    result: dict[str, Any] = {
-        "backend": cfg.backend,
-        "model": resolve_model(cfg.model).name,
-        "device": cfg.device,
-        "tasks": sorted({task for run in cfg.runs for task in run.tasks}),
-        "rows": rows,
-        "divergence": divergence,
-        "gate": {
-            "tolerance": cfg.tolerance,
-            "passed": all(r["gate_passed"] for r in rows) and all(d["passed"] for d in divergence),
-        },
-        "plot": None if plot_path is None else str(plot_path),
-        "timings": timings,
-        "elapsed_s": time.perf_counter() - started,
-    }
     name = DIVERGENCE_RESULT_NAME if divergence_only else RESULT_NAME
-    (out_dir / name).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    result = AccuracyResult(
+        backend=cfg.backend,
+        model=resolve_model(cfg.model).name,
+        device=cfg.device,
+        tasks=sorted({task for run in cfg.runs for task in run.tasks}),
+        rows=rows,
+        divergence=divergence,
+        tolerance=cfg.tolerance,
+        plot=None if plot_path is None else str(plot_path),
+        timings=timings,
+        elapsed_s=time.perf_counter() - started,
+        results_file=str(out_dir / name),
+    )
+    (out_dir / name).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     return result

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from ._errors import AccuracyError
+from ._result import delta_gate
 
 # Two-sided 95% normal quantile; with a few hundred items the t quantile differs below 1%.
 _Z_95 = NormalDist().inv_cdf(0.975)
@@ -143,12 +144,8 @@ def paired_stats(baseline: Sequence[float], candidate: Sequence[float]) -> Paire
 
 
 def gate_passes(stats: PairedStats, tolerance: float) -> bool:
-    """The accuracy gate: ``|delta| <= max(tolerance, 2 * stderr)``.
-
-    A delta inside twice its standard error cannot be told from noise, so the gate only fails
-    on a difference that is both larger than the tolerance and statistically visible.
-    """
-    return abs(stats.delta) <= max(tolerance, 2.0 * stats.stderr)
+    """The accuracy gate, ``|delta| <= max(tolerance, 2 * stderr)`` (`delta_gate`)."""
+    return delta_gate("|delta|", stats.delta, stats.stderr, tolerance).passed
 
 
 def verdict(stats: PairedStats, tolerance: float) -> str:

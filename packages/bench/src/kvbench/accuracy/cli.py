@@ -8,11 +8,14 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvquant import output_problem
 
 from .._extras import missing_module_error
+
+if TYPE_CHECKING:
+    from ._result import AccuracyResult, DivergenceResult
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -86,13 +89,13 @@ def _error_of(value: float, stderr: float) -> str:
     return f"{value:.6g} ± {stderr:.2g}"
 
 
-def format_divergence(divergence: dict[str, Any], chunks: bool = False) -> str:
+def format_divergence(divergence: DivergenceResult, chunks: bool = False) -> str:
     """One divergence run's rows (and with ``chunks``, the candidate's per-chunk figures)."""
-    positions = divergence["chunks"] * (divergence["chunk_length"] - 1)
+    positions = divergence.chunks * (divergence.chunk_length - 1)
     text = [
-        f"divergence of {divergence['candidate']} from {divergence['baseline']}: corpus "
-        f"{divergence['corpus']}, {divergence['chunks']} chunks of {divergence['chunk_length']} "
-        f"tokens ({positions} positions), controls on {divergence['control_chunks']} chunks"
+        f"divergence of {divergence.candidate} from {divergence.baseline}: corpus "
+        f"{divergence.corpus}, {divergence.chunks} chunks of {divergence.chunk_length} "
+        f"tokens ({positions} positions), controls on {divergence.control_chunks} chunks"
     ]
     lines: list[tuple[str, ...]] = [
         (
@@ -113,7 +116,7 @@ def format_divergence(divergence: dict[str, Any], chunks: bool = False) -> str:
             "verdict",
         )
     ]
-    for row in divergence["rows"]:
+    for row in divergence.rows:
         lines.append(
             (
                 row["arm"],
@@ -135,7 +138,7 @@ def format_divergence(divergence: dict[str, Any], chunks: bool = False) -> str:
         )
     text += _columns(lines)
     if chunks:
-        for row in divergence["rows"]:
+        for row in divergence.rows:
             if row["arm"] != "candidate":
                 continue
             text.append(f"per chunk, {row['kv_cache_dtype']} through the {row['attention']}:")
@@ -154,30 +157,30 @@ def format_divergence(divergence: dict[str, Any], chunks: bool = False) -> str:
                     )
                 )
             text += ["  " + line for line in _columns(chunk_lines)]
-    agreement = divergence["agreement"]
+    agreement = divergence.agreement
     if agreement is not None:
         base = agreement["baseline_kernels_vs_reference"]
         base_kld = _error_of(base["mean_kld"], base["mean_kld_stderr"])
         text.append(
             f"kernels vs reference: 16-bit mean KLD {base_kld}"
             f" (max {base['max_kld']:.4g}, same top-1 {base['same_top1']:.4f}); "
-            f"{divergence['candidate']} mean KLD {agreement['candidate_mean_kld_kernels']:.6g} "
+            f"{divergence.candidate} mean KLD {agreement['candidate_mean_kld_kernels']:.6g} "
             f"(kernels) vs {agreement['candidate_mean_kld_reference']:.6g} (reference), "
             f"difference {_error_of(agreement['difference'], agreement['difference_stderr'])}, "
             f"allowed {agreement['allowed']:.4g}: {'agree' if agreement['agree'] else 'DISAGREE'}"
         )
-    gate = divergence["gate"]
-    plot = divergence["plot"] or "not drawn (no matplotlib)"
+    gate = divergence.gate
+    plot = divergence.plot or "not drawn (no matplotlib)"
     text.append(
-        f"divergence gate (mean KLD <= {gate['max_mean_kld']:g}, same top-1 >= "
-        f"{gate['min_same_top1']:g}, PPL ratio <= {gate['max_ppl_ratio']:g}) and controls: "
-        f"{'as expected' if divergence['passed'] else 'FAILED'}; "
-        f"{divergence['elapsed_s']:.0f} s; plot: {plot}"
+        f"divergence gate (mean KLD <= {gate.max_mean_kld:g}, same top-1 >= "
+        f"{gate.min_same_top1:g}, PPL ratio <= {gate.max_ppl_ratio:g}) and controls: "
+        f"{'as expected' if divergence.passed else 'FAILED'}; "
+        f"{divergence.elapsed_s:.0f} s; plot: {plot}"
     )
     return "\n".join(text)
 
 
-def format_table(result: dict[str, Any]) -> str:
+def format_table(result: AccuracyResult) -> str:
     """The result's task rows as a fixed-width text table, its divergence runs, the verdict."""
     header = (
         "task",
@@ -194,7 +197,7 @@ def format_table(result: dict[str, Any]) -> str:
         "verdict",
     )
     lines = [header]
-    for row in result["rows"]:
+    for row in result.rows:
         flips = "" if row["flips_up"] is None else f"{row['flips_up']}/{row['flips_down']}"
         p = "" if row["mcnemar_p"] is None else f"{row['mcnemar_p']:.3f}"
         lines.append(
@@ -213,19 +216,19 @@ def format_table(result: dict[str, Any]) -> str:
                 row["verdict"] if row["verdict"] != "failed" else "FAILED",
             )
         )
-    text = _columns(lines) if result["rows"] else []
-    gate = result["gate"]
-    if result["rows"]:
-        inconclusive = sum(row["verdict"] == "inconclusive" for row in result["rows"])
+    text = _columns(lines) if result.rows else []
+    tolerance = result.tolerance
+    if result.rows:
+        inconclusive = sum(row["verdict"] == "inconclusive" for row in result.rows)
         text.append(
-            f"gate (|delta| <= max({gate['tolerance']:g}, 2 stderr)); inconclusive: the smallest "
-            f"delta it could detect (80% power) exceeds {gate['tolerance']:g}: {inconclusive} of "
-            f"{len(result['rows'])} rows; plot: {result['plot']}"
+            f"gate (|delta| <= max({tolerance:g}, 2 stderr)); inconclusive: the smallest "
+            f"delta it could detect (80% power) exceeds {tolerance:g}: {inconclusive} of "
+            f"{len(result.rows)} rows; plot: {result.plot}"
         )
-    chunks = not result["rows"]
-    text += [format_divergence(divergence, chunks) for divergence in result["divergence"]]
-    verdict = "passed" if gate["passed"] else "FAILED"
-    text.append(f"{verdict}; {result['elapsed_s']:.0f} s")
+    chunks = not result.rows
+    text += [format_divergence(divergence, chunks) for divergence in result.divergence]
+    verdict = "passed" if result.passed else "FAILED"
+    text.append(f"{verdict}; {result.elapsed_s:.0f} s")
     return "\n".join(text)
 
 
@@ -277,7 +280,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.json_out is not None:
         try:
             args.json_out.parent.mkdir(parents=True, exist_ok=True)
-            args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+            text = json.dumps(result.to_dict(), indent=2) + "\n"
+            args.json_out.write_text(text, encoding="utf-8")
         except OSError as error:
             saved = args.out / (DIVERGENCE_RESULT_NAME if args.divergence_only else RESULT_NAME)
             return _error(
@@ -285,4 +289,4 @@ def _run(args: argparse.Namespace) -> int:
                 f"`--json` {args.json_out} cannot be written: {error.strerror}; "
                 f"the result is in {saved}",
             )
-    return 0 if result["gate"]["passed"] else 1
+    return 0 if result.passed else 1

@@ -23,6 +23,7 @@ from ._errors import (
 )
 from ._matrix import Gates, Matrix, load_matrix
 from ._regression import Verdict, describe_history_check, judge
+from ._result import ThroughputResult
 
 if TYPE_CHECKING:
     from ._history import History, default_history_url
@@ -49,6 +50,7 @@ __all__ = [
     "MatrixError",
     "OutputError",
     "ThroughputError",
+    "ThroughputResult",
     "Verdict",
     "default_history_url",
     "describe_history_check",

@@ -7,6 +7,7 @@ hardware (regression flags) and over the nights (trend and scaling plots). Funct
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import time
@@ -25,6 +26,7 @@ from ._matrix import Cell, E2ECell, KernelCell, Matrix, load_matrix
 from ._model import ModelShape, model_shape, resolve_model
 from ._plots import scaling_plots, trend_plot
 from ._regression import HISTORY_TOO_SHORT, NOT_JUDGED, judge
+from ._result import ThroughputResult
 
 # Whether a larger value of a metric is an improvement.
 HIGHER_IS_BETTER = {"tokens_per_s": True, "time_ms": False, "latency_s": False}
@@ -37,7 +39,7 @@ def run_throughput(
     history_url: str | None = None,
     out_dir: Path,
     progress: bool = True,
-) -> dict[str, Any]:
+) -> ThroughputResult:
     """Run a throughput matrix, compare it with its history, record it and plot it.
 
     Args:
@@ -47,10 +49,8 @@ def run_throughput(
         progress: show a progress bar over the cells (on stderr).
 
     Returns:
-        A JSON-able dict: ``hardware``, ``cells``, ``capacity``, ``plots``, ``regressions``,
-        ``history_check``, ``summary``, ``elapsed_s`` (see the package README). The same dict is in
-        ``out_dir/throughput.json``, written before the history, so a history failure loses
-        nothing.
+        The run (see the package README); its ``to_dict()`` is in ``out_dir/throughput.json``,
+        written before the history, so a history failure loses nothing.
 
     Raises:
         MatrixError, OutputError, EngineMissingError, HistoryError, ThroughputError: before any
@@ -77,20 +77,21 @@ def run_throughput(
         cells = _run_cells(spec, engine, shape, out_dir, progress)
         capacity = _capacity(spec, cells, shape)
         regressions, history_check = _judge(spec, cells, history, hardware["key"])
-        result: dict[str, Any] = {
-            "matrix": spec.name,
-            "hardware": hardware,
-            "cells": cells,
-            "capacity": capacity,
-            "plots": [],
-            "regressions": regressions,
-            "history_check": history_check,
-            "summary": summarize(cells),
-            "elapsed_s": time.perf_counter() - start,
-        }
         results_file = out_dir / RESULTS_FILE
-        results_file.write_text(json.dumps(result, indent=2) + "\n")
-        history.record(result, matrix=spec.name, started_at=started_at)
+        result = ThroughputResult(
+            matrix=spec.name,
+            hardware=hardware,
+            cells=cells,
+            capacity=capacity,
+            plots=[],
+            regressions=regressions,
+            history_check=history_check,
+            summary=summarize(cells),
+            elapsed_s=time.perf_counter() - start,
+            results_file=str(results_file),
+        )
+        results_file.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        history.record(result.to_dict(), matrix=spec.name, started_at=started_at)
         timed = [cell for cell in cells if not cell["functional_check"]]
         trends = {
             cell["name"]: history.recent_values(
@@ -100,9 +101,12 @@ def run_throughput(
         }
         plots = scaling_plots(timed, out_dir)
         trend = trend_plot(trends, out_dir, spec.gates.history_runs)
-        result["plots"] = [str(p) for p in (*plots, *([trend] if trend else []))]
-        result["elapsed_s"] = time.perf_counter() - start
-        results_file.write_text(json.dumps(result, indent=2) + "\n")
+        result = dataclasses.replace(
+            result,
+            plots=[str(p) for p in (*plots, *([trend] if trend else []))],
+            elapsed_s=time.perf_counter() - start,
+        )
+        results_file.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     finally:
         history.close()
     return result

@@ -9,11 +9,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvquant import output_problem
 
 from .._extras import missing_module_error
+
+if TYPE_CHECKING:
+    from ._result import ThroughputResult
 
 DEFAULT_OUT = Path("kvbench-throughput")
 
@@ -60,13 +63,13 @@ _STATUS = {
 }
 
 
-def _table(result: dict[str, Any]) -> str:
+def _table(result: ThroughputResult) -> str:
     from . import describe_history_check
 
     lines = [
         f"{'status':<6} {'value':>12} {'unit':<6} {'spread':>9} {'start s':>7} {'vs base':>7}  cell"
     ]
-    for cell in result["cells"]:
+    for cell in result.cells:
         if cell["status"] != "ok":
             lines.append(f"{'FAILED':<6} {'':>12} {'':<6} {'':>9} {'':>7} {'':>7}  {cell['name']}")
             lines.append(f"{'':>8}{cell['error']}")
@@ -83,17 +86,17 @@ def _table(result: dict[str, Any]) -> str:
         "\nstatus: ok = within its history's noise, REGR = regressed, new = history too short to "
         "judge, check = a functional check (a reference path: its time is no speed)"
     )
-    if result["capacity"]:
+    if result.capacity:
         lines.append(
             "\nKV capacity: KV cache dtype, stored as, block, max tokens, max sequences, source"
         )
-        for row in result["capacity"]:
+        for row in result.capacity:
             lines.append(
                 f"  {row['kv_cache_dtype']:<22} {row['cache_dtype']:<9} {row['block_size']:>5} "
                 f"{row['max_tokens']:>9} {row['max_seqs']:>6}  {row['source']}"
             )
-    check = describe_history_check(len(result["regressions"]), result["history_check"])
-    lines.append(f"\n{check}; {result['elapsed_s']:.0f} s")
+    check = describe_history_check(len(result.regressions), result.history_check)
+    lines.append(f"\n{check}; {result.elapsed_s:.0f} s")
     return "\n".join(lines)
 
 
@@ -120,7 +123,7 @@ def _throughput(args: argparse.Namespace) -> int:
     if args.json is not None:
         try:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(result, indent=2) + "\n")
+            args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
         except OSError as error:
             from ._run import RESULTS_FILE  # already imported by the run
 
@@ -130,8 +133,7 @@ def _throughput(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    failed = any(cell["status"] != "ok" for cell in result["cells"])
-    return 1 if failed or result["regressions"] else 0
+    return 0 if result.passed else 1
 
 
 def _history(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from ._elf import verify_cubin, verify_hsaco
 from ._errors import ArtifactError, BuildError, MatrixFileError, UnknownTargetError
 from ._matrix import GATES, load_matrix, parse_matrix
 from ._report import format_report
+from ._result import BuildGate, BuildResult
 from ._targets import TARGETS
 
 __all__ = [
@@ -20,6 +21,8 @@ __all__ = [
     "TARGETS",
     "ArtifactError",
     "BuildError",
+    "BuildGate",
+    "BuildResult",
     "MatrixFileError",
     "UnknownTargetError",
     "build",

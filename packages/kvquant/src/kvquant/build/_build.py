@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from .._output import output_problem
+from ..results import holds
 from ._compile import RESULT_FILE, compile_cell
 from ._errors import BuildError
 from ._matrix import GATES, Matrix, load_matrix
+from ._result import BuildGate, BuildResult
 from ._targets import Target, resolve_targets
 
 # Bump when the cache entry or manifest layout changes: old entries are then ignored.
@@ -183,7 +185,7 @@ def _entry(cell: dict[str, Any], target: Target, out: Path, results: dict[str, A
     return {**entry, "status": "ok", "error": None, **fields, "artifacts": artifacts}
 
 
-def _gates(matrix: Matrix, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _gates(matrix: Matrix, entries: list[dict[str, Any]]) -> list[BuildGate]:
     """One verdict per gate: its worst value over the cells that have the field."""
     verdicts = []
     for name, threshold in matrix.gates.items():
@@ -193,17 +195,10 @@ def _gates(matrix: Matrix, entries: list[dict[str, Any]]) -> list[dict[str, Any]
             for e in entries
             if e.get(field) is not None
         ]
-        breaking = [cell for value, cell in values if not _holds(value, op, threshold)]
+        breaking = [cell for value, cell in values if not holds(value, op, threshold)]
         worst = (max if op == "<=" else min)((v for v, _ in values), default=None)
-        verdicts.append({
-            "name": name, "field": field, "value": worst, "op": op, "threshold": threshold,
-            "passed": not breaking, "failing_cells": breaking,
-        })  # fmt: skip
+        verdicts.append(BuildGate(name, field, worst, op, threshold, not breaking, breaking))
     return verdicts
-
-
-def _holds(value: int, op: str, threshold: int) -> bool:
-    return value <= threshold if op == "<=" else value >= threshold
 
 
 def _identity(entry: dict[str, Any]) -> str:
@@ -289,16 +284,15 @@ def build(
     previous: Path | None = None,
     jobs: int | None = None,
     cache_dir: Path | None = None,
-) -> dict[str, Any]:
+) -> BuildResult:
     """Compile every cell of ``matrix`` (default: the shipped one) for ``targets`` into ``out``.
 
     Must run in a process where Triton compiles (``TRITON_INTERPRET`` unset or 0), because the
     kernels are imported from here. A failing cell does not stop the others: it appears in
-    ``failures`` and in the manifest with the compiler's message. Returns a JSON-able dict:
-    manifest (path), cells (manifest entries), failures, gates, diff (against ``previous``, a
-    manifest.json or the directory holding one), compared_with (that manifest's path, or None),
-    elapsed_s and cached (cells taken from the cache). Raises BuildError (or a subclass) when
-    the build cannot run at all.
+    ``failures`` and in the manifest with the compiler's message. The result's ``diff`` is
+    against ``previous`` (a manifest.json or the directory holding one), and ``compared_with``
+    that manifest's path, or None. Raises BuildError (or a subclass) when the build cannot run
+    at all.
     """
     started = time.perf_counter()
     resolved = resolve_targets(list(targets) if targets is not None else ["gfx90a"])
@@ -365,21 +359,20 @@ def build(
     }
     gates = _gates(parsed, [e for e in entries if e["status"] == "ok"])
     diff = diff_manifests(old, manifest) if old is not None else []
-    manifest |= {"gates": gates, "diff": diff}
+    manifest |= {"gates": [gate.to_dict() for gate in gates], "diff": diff}
     manifest_path = out / "manifest.json"
     staging = out / "manifest.json.partial"
     staging.write_text(json.dumps(manifest, indent=1, default=str) + "\n")
     staging.replace(manifest_path)
-    return {
-        "manifest": str(manifest_path),
-        "cells": entries,
-        "failures": [e for e in entries if e["status"] == "failed"],
-        "gates": gates,
-        "diff": diff,
-        "compared_with": str(previous_path) if previous_path is not None else None,
-        "elapsed_s": round(time.perf_counter() - started, 3),
-        "cached": cached,
-    }
+    return BuildResult(
+        manifest=str(manifest_path),
+        cells=entries,
+        gates=gates,
+        diff=diff,
+        compared_with=str(previous_path) if previous_path is not None else None,
+        elapsed_s=round(time.perf_counter() - started, 3),
+        cached=cached,
+    )
 
 
 def _read_plan(path: Path) -> list[dict[str, Any]] | None:
