@@ -42,7 +42,6 @@ from benchmark_decode_attention import (
     GRAPH_CALLS,
     HEAD_SIZE,
     MODEL_DTYPE,
-    NUM_KV_HEADS,
     NUM_Q_HEADS,
     DecodeSetup,
     kv_bytes,
@@ -127,18 +126,21 @@ def unified_decode(
     return call
 
 
-def bf16_decode(setup: DecodeSetup) -> Callable[[], None]:
-    """Upstream's 16-bit decode with ``setup``'s geometry, block table and lengths, over a
-    16-bit cache of its own (random data; timed only)."""
+def bf16_cache(setup: DecodeSetup) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """Upstream's view of a 16-bit cache with ``setup``'s geometry and pages (random data; timed
+    only): K, V and the cache mode (unit descales, one per sequence and kv head)."""
     _, num_kv_heads, head_size = setup.geometry
     shape = (setup.cache.num_blocks, setup.cache.block_size, num_kv_heads, 2 * head_size)
     kv16 = torch.randn(shape, dtype=setup.query.dtype, device=setup.query.device)
-    k, v = kv16[..., :head_size], kv16[..., head_size:]
     ones = torch.ones(1, dtype=torch.float32, device=setup.query.device)
-    ones = ones.expand(setup.query.shape[0], num_kv_heads)
-    return unified_decode(
-        setup, k, v, torch.empty_like(setup.query), k_descale=ones, v_descale=ones
-    )
+    ones = ones.expand(setup.seq_lens.shape[0], num_kv_heads)
+    return kv16[..., :head_size], kv16[..., head_size:], {"k_descale": ones, "v_descale": ones}
+
+
+def bf16_decode(setup: DecodeSetup) -> Callable[[], None]:
+    """Upstream's 16-bit decode with ``setup``'s geometry, block table and lengths."""
+    k, v, cache_mode = bf16_cache(setup)
+    return unified_decode(setup, k, v, torch.empty_like(setup.query), **cache_mode)
 
 
 class SideBySide(DecodeSetup):
@@ -159,20 +161,22 @@ class SideBySide(DecodeSetup):
         self.upstream_v_scale = floats[..., (half + HEAD_SIZE) // 4]
         self.upstream_out = torch.empty_like(self.query)
 
+    def int8_cache(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """Upstream's view of this shape's INT8 cache: K, V and the cache mode."""
+        cache_mode = {
+            "kv_quant_mode": self.int8_mode,
+            "k_scale_cache": self.upstream_k_scale,
+            "v_scale_cache": self.upstream_v_scale,
+            "k_descale": None,
+            "v_descale": None,
+        }
+        return self.upstream_k, self.upstream_v, cache_mode
+
     def upstream(self, *, int8: bool) -> Callable[[], None]:
         if not int8:
             return bf16_decode(self)
-        return unified_decode(
-            self,
-            self.upstream_k,
-            self.upstream_v,
-            self.upstream_out,
-            kv_quant_mode=self.int8_mode,
-            k_scale_cache=self.upstream_k_scale,
-            v_scale_cache=self.upstream_v_scale,
-            k_descale=None,
-            v_descale=None,
-        )
+        k, v, cache_mode = self.int8_cache()
+        return unified_decode(self, k, v, self.upstream_out, **cache_mode)
 
     def rel_diff(self) -> float:
         """Relative L2 between the two INT8 decodes' outputs on this shape's shared data."""
@@ -255,23 +259,8 @@ class PrefillSideBySide:
     def upstream(self, *, int8: bool) -> Callable[[], None]:
         unified_attention, _ = upstream_kernel()
         side = self.side
-        if int8:
-            k, v, out = side.upstream_k, side.upstream_v, self.upstream_out
-            cache_mode: dict[str, Any] = {
-                "kv_quant_mode": side.int8_mode,
-                "k_scale_cache": side.upstream_k_scale,
-                "v_scale_cache": side.upstream_v_scale,
-                "k_descale": None,
-                "v_descale": None,
-            }
-        else:
-            shape = (side.cache.num_blocks, side.cache.block_size, NUM_KV_HEADS, 2 * HEAD_SIZE)
-            kv16 = torch.randn(shape, dtype=self.query.dtype, device=self.query.device)
-            k, v = kv16[..., :HEAD_SIZE], kv16[..., HEAD_SIZE:]
-            ones = torch.ones(1, dtype=torch.float32, device=self.query.device)
-            ones = ones.expand(side.query.shape[0], NUM_KV_HEADS)
-            out = torch.empty_like(self.query)
-            cache_mode = {"k_descale": ones, "v_descale": ones}
+        k, v, cache_mode = side.int8_cache() if int8 else bf16_cache(side)
+        out = self.upstream_out if int8 else torch.empty_like(self.query)
 
         def call() -> None:
             unified_attention(
