@@ -12,18 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from adrkit._blocks import (
-    BLOCKS,
-    Markdown,
-    StageRenderer,
-    code_cell,
-    markdown_table,
-    markdown_text,
-    source_line,
-)
+from adrkit._blocks import BLOCKS
 from adrkit._errors import RenderError
 from adrkit._evidence import Evidence, HardwareClasses
+from adrkit._markdown import Markdown, code_cell, markdown_table, markdown_text, source_line
 from adrkit._record import Record, Scalar
+from adrkit._stage_renderer import StageRenderer
 from adrkit._summary import SUMMARY_KEYS, Decisions, render_summary, summary_label
 
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from adrkit._blocks import Markdown, code_cell, markdown_table, markdown_text
 from adrkit._errors import AdrError, RecordError
 from adrkit._evidence import (
     Evidence,
@@ -29,6 +28,7 @@ from adrkit._evidence import (
     read_source,
 )
 from adrkit._files import FileReadError, read_capped
+from adrkit._markdown import Markdown, code_cell, markdown_table, markdown_text
 from adrkit._record import Gate, Record, Scalar, Table
 
 DECISIONS_FILE = "decisions.toml"
