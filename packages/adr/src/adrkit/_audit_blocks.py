@@ -151,15 +151,11 @@ def _lines(cells: Sequence[str]) -> Markdown | None:
     return Markdown("<br>".join(cells)) if cells else None
 
 
-def _rows(table: Table) -> list[dict[str, Scalar]]:
-    return [dict(zip(table.columns, row, strict=True)) for row in table.rows]
-
-
 def _present_questions(table: Table, lang: str) -> tuple[list[str], list[list[Scalar]]]:
     """One row per question: the question and its answer in words, then each piece of
     evidence with its file."""
     by_question: dict[Scalar, list[dict[str, Scalar]]] = {}
-    for row in _rows(table):
+    for row in table.keyed_rows():
         by_question.setdefault(row["question"], []).append(row)
     rows: list[list[Scalar]] = []
     for question, evidence in by_question.items():
@@ -206,7 +202,7 @@ def _present_findings(table: Table, lang: str) -> tuple[list[str], list[list[Sca
     changed lines (an ellipsis when there are more). The record has a row per stream; a change
     that touches several streams shows once."""
     streams: dict[tuple[Scalar, ...], list[str]] = {}
-    for row in _rows(table):
+    for row in table.keyed_rows():
         change = tuple(v for k, v in row.items() if k != "stream")
         stream = row["stream"]
         streams.setdefault(change, []).append(
@@ -244,7 +240,7 @@ def _present_changes(table: Table, lang: str) -> tuple[list[str], list[list[Scal
             None if row["origin"] is None else _word(lang, "origin", row["origin"]),
             _change(row, lang),
         ]
-        for row in _rows(table)
+        for row in table.keyed_rows()
     ]
     return ["status", "path", "area", "streams", "origin", "change"], rows
 
@@ -256,7 +252,7 @@ def _present_left_out(table: Table, lang: str) -> tuple[list[str], list[list[Sca
             _word(lang, "side", row["side"]),
             _word(lang, "left-out", row["code"]),
         ]
-        for row in _rows(table)
+        for row in table.keyed_rows()
     ]
     return ["path", "side", "reason"], rows
 

@@ -139,6 +139,5 @@ def _compiled_for(kernels: Record | None, target: str) -> bool:
     table = kernels.tables.get("resources")
     if table is None or "target" not in table.columns or "failed" not in table.columns:
         return False
-    target_at, failed_at = table.columns.index("target"), table.columns.index("failed")
-    rows = [row for row in table.rows if row[target_at] == target]
-    return bool(rows) and all(row[failed_at] == 0 for row in rows)
+    rows = [row for row in table.keyed_rows() if row["target"] == target]
+    return bool(rows) and all(row["failed"] == 0 for row in rows)

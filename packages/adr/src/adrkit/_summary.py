@@ -169,11 +169,14 @@ def _newest(evidence: Evidence, stage: str, wanted: Callable[[Record], bool]) ->
     return next((f.record for _, f in evidence.by_class(stage) if wanted(f.record)), None)
 
 
-def _number(record: Record, metric: str) -> float | None:
-    value = record.metrics.get(metric)
+def _float(value: Scalar) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
+
+
+def _number(record: Record, metric: str) -> float | None:
+    return _float(record.metrics.get(metric))
 
 
 def _count(record: Record, metric: str) -> str:
@@ -183,14 +186,7 @@ def _count(record: Record, metric: str) -> str:
 def _rows(table: Table | None, **where: Scalar) -> list[dict[str, Scalar]]:
     if table is None:
         return []
-    rows = [dict(zip(table.columns, row, strict=True)) for row in table.rows]
-    return [row for row in rows if all(row.get(k) == v for k, v in where.items())]
-
-
-def _float(value: Scalar) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
+    return [row for row in table.keyed_rows() if all(row.get(k) == v for k, v in where.items())]
 
 
 def _gates_verdict(record: Record, prefix: str = "") -> str:
