@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from adrkit._block_sources import BLOCK_SOURCES
 from adrkit._blocks import BLOCKS
 from adrkit._errors import RenderError
 from adrkit._evidence import Evidence, HardwareClasses
@@ -118,7 +119,7 @@ def _per_hardware(
         present.add(class_id)
         heading = f"**{markdown_text(hardware.label(class_id, lang, found.record))}**"
         sections.append(heading + "\n\n" + renderer({**latest, stage: found.record}, lang))
-    kernels = latest.get("kernels")
+    kernels = latest.get(_KERNEL_BUILD.stage)
     for expected in hardware.expected(stage):
         if expected.id in present:
             continue
@@ -132,11 +133,16 @@ def _per_hardware(
     return "\n\n".join(sections)
 
 
+# Where the kernel build records what it compiled for each target: the table of the block that
+# shows it, which the pipeline checks against the stage's record before any stage runs.
+_KERNEL_BUILD = BLOCK_SOURCES["kvquant-resources"]
+
+
 def _compiled_for(kernels: Record | None, target: str) -> bool:
     """Whether the newest kernel build compiled and verified every cell for ``target``."""
     if kernels is None or kernels.status != "passed":
         return False
-    table = kernels.tables.get("resources")
+    table = kernels.tables.get(_KERNEL_BUILD.table)
     if table is None or "target" not in table.columns or "failed" not in table.columns:
         return False
     rows = [row for row in table.keyed_rows() if row["target"] == target]

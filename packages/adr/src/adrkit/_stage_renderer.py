@@ -74,7 +74,7 @@ def render_record_table(
     without the table (its stage crashed first) shows its reason instead.
     """
     source = BLOCK_SOURCES[key]
-    stage, (table,), figures = source.stage, source.tables, source.figures
+    stage, table, figures = source.stage, source.table, source.figures
 
     def render(records: Records, lang: str) -> str:
         record = require_record(records, stage, lang)
