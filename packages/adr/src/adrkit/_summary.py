@@ -306,6 +306,16 @@ def _built_for(record: Record, target: str) -> list[dict[str, Scalar]]:
     return _rows(record.tables.get(_KERNEL_BUILD.table), target=target)
 
 
+def compiled_for(evidence: Evidence, target: str) -> bool:
+    """Whether the newest kernel build passed and compiled and verified every cell for
+    ``target``: a hardware class it targets that no stage ran on is "compiled, not yet run"."""
+    kernels = evidence.latest(_KERNEL_BUILD.stage)
+    if kernels is None or kernels.record.status != "passed":
+        return False
+    built = _built_for(kernels.record, target)
+    return bool(built) and all(row.get("failed") == 0 for row in built)
+
+
 def _gfx90a_build(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
     record = _newest(evidence, _KERNEL_BUILD.stage, lambda r: bool(_built_for(r, "gfx90a")))
     if record is None:
@@ -329,10 +339,7 @@ def _gfx90a_runs(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Re
             status = _STATUS[lang][record.status]
             measured = _measured(lang, "runs", status, record, hardware=name, status=status)
             return replace(measured, verdict=_gates_verdict(record))
-    kernels = evidence.latest(_KERNEL_BUILD.stage)
-    built = _built_for(kernels.record, "gfx90a") if kernels is not None else []
-    compiled = bool(built) and all(row["failed"] == 0 for row in built)
-    key = "compiled-not-yet-run" if compiled else "not-yet-run"
+    key = "compiled-not-yet-run" if compiled_for(evidence, "gfx90a") else "not-yet-run"
     return NotMeasured(summary_label(lang, key, hardware=markdown_text(name)))
 
 
