@@ -20,7 +20,7 @@ from markdown_it import MarkdownIt
 
 import forkaudit
 from adrkit import Record, render_block, update_adrs, utc_now, write_record
-from adrkit._blocks import _LABELS
+from adrkit._labels import LABELS
 from flows._stage import RunContext, stage_record
 from flows.audit import STAGE
 
@@ -278,4 +278,4 @@ def test_every_code_forkaudit_writes_has_a_label_in_both_languages() -> None:
         if change != "changed" or subject in ("attention_backend", "env_var")
     }
     for lang in ("en", "zh"):
-        assert keys <= set(_LABELS[lang]), sorted(keys - set(_LABELS[lang]))
+        assert keys <= set(LABELS[lang]), sorted(keys - set(LABELS[lang]))

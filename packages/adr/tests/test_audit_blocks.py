@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
 from adrkit import Record, Table, markdown_table, render_block
-from adrkit._blocks import _LABELS, code_cell
+from adrkit._labels import LABELS
+from adrkit._markdown import code_cell
 
 from conftest import make_record
 
@@ -73,9 +74,9 @@ def test_code_cell_shows_any_text_exactly_and_never_forms_a_comment(text: str) -
 
 def test_every_audit_label_has_both_languages_and_the_same_fields() -> None:
     fields = re.compile(r"\{(\w+)\}")
-    assert set(_LABELS["en"]) == set(_LABELS["zh"])
-    for key, english in _LABELS["en"].items():
-        assert set(fields.findall(english)) == set(fields.findall(_LABELS["zh"][key])), key
+    assert set(LABELS["en"]) == set(LABELS["zh"])
+    for key, english in LABELS["en"].items():
+        assert set(fields.findall(english)) == set(fields.findall(LABELS["zh"][key])), key
 
 
 # The audit tables' columns, as flows/audit.py writes them.

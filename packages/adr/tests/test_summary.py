@@ -139,6 +139,28 @@ def test_rows_nothing_measured_say_so_and_why() -> None:
     assert runs[0] == "gfx90a node (CDNA2): not yet run"
 
 
+@pytest.mark.parametrize(
+    ("status", "note"), [("passed", "compiled, not yet run"), ("failed", "not yet run")]
+)
+def test_the_summary_and_the_blocks_say_alike_whether_gfx90a_was_compiled(
+    status: str, note: str
+) -> None:
+    # Every gfx90a cell compiled; a build that failed elsewhere verified none of them.
+    columns = ["target", "kernel", "cache", "cells", "failed", "spill_bytes", "waves_per_simd"]
+    resources = Table(columns, [["gfx90a", "decode_attention", "int8", 2, 0, 0, 4]])
+    kernels = dataclasses.replace(
+        make_record(
+            "kernels", status=status, reason=None if status == "passed" else "sm90: a cell failed"
+        ),
+        tables={"resources": resources},
+        gates=[],
+    )
+    shown = _shown(kernels)
+    runs = _rows(render_block("decision-0009", shown, "en"))["Runs on gfx90a"]
+    assert runs[0] == f"gfx90a node (CDNA2): {note}"
+    assert f"_gfx90a node (CDNA2): {note}_" in render_block("kvquant-correctness", shown, "en")
+
+
 def test_the_fork_summary_names_the_files_of_each_stream() -> None:
     rows = _rows(render_block("decision-0012", _shown(audit()), "en"))
     assert rows["Is the fork the upstream release it claims?"][0].startswith("no: 1 of 1")

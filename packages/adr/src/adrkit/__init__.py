@@ -7,7 +7,7 @@ lock.
 """
 
 from adrkit._block_sources import BLOCK_SOURCES, BlockSource, check_records, missing_tables
-from adrkit._blocks import BLOCKS, markdown_table, markdown_text
+from adrkit._blocks import BLOCKS
 from adrkit._document import LANGS
 from adrkit._errors import (
     AdrError,
@@ -24,6 +24,7 @@ from adrkit._evidence import (
     load_evidence,
     load_hardware,
 )
+from adrkit._markdown import markdown_table, markdown_text
 from adrkit._provenance import hardware, new_run_id, package_versions, repo_state, utc_now
 from adrkit._record import (
     MAX_RECORD_BYTES,

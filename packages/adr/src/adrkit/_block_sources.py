@@ -1,7 +1,9 @@
 """What each generated block of a stage reads: the stage, the tables of its record and the figures
 (PNG artifacts) it embeds.
 
-The renderers take their stage, table and figures from `BLOCK_SOURCES`, and the pipeline holds
+The renderers take their stage, table and figures from `BLOCK_SOURCES`, the decision summaries'
+answers and the per-hardware notes the stage and table of the block that shows what they read,
+and the pipeline holds
 the stages to it before any of them runs (`missing_tables`) and each record to it as it is made
 (`check_records`): a table that a block reads and its stage no longer records is one line naming
 the block, the stage and the table, instead of a block that silently shows no rows. Figures are
@@ -24,6 +26,12 @@ class BlockSource:
     stage: str
     tables: tuple[str, ...] = ()
     figures: tuple[str, ...] = ()
+
+    @property
+    def table(self) -> str:
+        """The one table the block shows; a block shows at most one."""
+        (table,) = self.tables
+        return table
 
 
 BLOCK_SOURCES: dict[str, BlockSource] = {

@@ -143,6 +143,11 @@ class Table:
     rows: list[list[Scalar]]
     baseline_found: bool | None = None
 
+    def keyed_rows(self) -> list[dict[str, Scalar]]:
+        """Each row as a mapping from column id to value, for a reader that names the columns
+        it reads rather than counting them."""
+        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
+
 
 @dataclass(frozen=True)
 class Provenance:

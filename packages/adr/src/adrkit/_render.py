@@ -12,19 +12,19 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from adrkit._blocks import (
-    BLOCKS,
-    Markdown,
-    StageRenderer,
-    code_cell,
-    markdown_table,
-    markdown_text,
-    source_line,
-)
+from adrkit._blocks import BLOCKS
 from adrkit._errors import RenderError
 from adrkit._evidence import Evidence, HardwareClasses
+from adrkit._markdown import Markdown, code_cell, markdown_table, markdown_text, source_line
 from adrkit._record import Record, Scalar
-from adrkit._summary import SUMMARY_KEYS, Decisions, render_summary, summary_label
+from adrkit._stage_renderer import StageRenderer
+from adrkit._summary import (
+    SUMMARY_KEYS,
+    Decisions,
+    compiled_for,
+    render_summary,
+    summary_label,
+)
 
 
 @dataclass(frozen=True)
@@ -124,11 +124,10 @@ def _per_hardware(
         present.add(class_id)
         heading = f"**{markdown_text(hardware.label(class_id, lang, found.record))}**"
         sections.append(heading + "\n\n" + renderer({**latest, stage: found.record}, lang))
-    kernels = latest.get("kernels")
     for expected in hardware.expected(stage):
         if expected.id in present:
             continue
-        key = "compiled-not-yet-run" if _compiled_for(kernels, expected.id) else "not-yet-run"
+        key = "compiled-not-yet-run" if compiled_for(evidence, expected.id) else "not-yet-run"
         name = hardware.label(expected.id, lang)
         sections.append("_" + markdown_text(summary_label(lang, key, hardware=name)) + "_")
     if not present and not sections:
@@ -136,15 +135,3 @@ def _per_hardware(
     if not present:  # no class ran the stage: say so once, then which classes are expected
         sections.insert(0, renderer(latest, lang))
     return "\n\n".join(sections)
-
-
-def _compiled_for(kernels: Record | None, target: str) -> bool:
-    """Whether the newest kernel build compiled and verified every cell for ``target``."""
-    if kernels is None or kernels.status != "passed":
-        return False
-    table = kernels.tables.get("resources")
-    if table is None or "target" not in table.columns or "failed" not in table.columns:
-        return False
-    target_at, failed_at = table.columns.index("target"), table.columns.index("failed")
-    rows = [row for row in table.rows if row[target_at] == target]
-    return bool(rows) and all(row[failed_at] == 0 for row in rows)

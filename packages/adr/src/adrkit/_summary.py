@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from adrkit._blocks import Markdown, code_cell, markdown_table, markdown_text
+from adrkit._block_sources import BLOCK_SOURCES
 from adrkit._errors import AdrError, RecordError
 from adrkit._evidence import (
     Evidence,
@@ -29,6 +29,7 @@ from adrkit._evidence import (
     read_source,
 )
 from adrkit._files import FileReadError, read_capped
+from adrkit._markdown import Markdown, code_cell, markdown_table, markdown_text
 from adrkit._record import Gate, Record, Scalar, Table
 
 DECISIONS_FILE = "decisions.toml"
@@ -164,16 +165,33 @@ class DecisionRow:
 
 # ---- the answers: each reads the newest record of one stage that has what it needs ----
 
+# The stage and table each answer reads, from the block that shows the same evidence: the
+# pipeline holds `BLOCK_SOURCES` to every stage's tables before any stage runs, so a table a
+# stage renames fails there, naming the block, instead of turning summary rows "not measured".
+_KERNEL_BUILD = BLOCK_SOURCES["kvquant-resources"]
+_CORRECTNESS = BLOCK_SOURCES["kvquant-correctness"]
+_TASKS = BLOCK_SOURCES["kvbench-accuracy"]
+_DIVERGENCE = BLOCK_SOURCES["kvbench-divergence"]
+_KERNEL_SPEED = BLOCK_SOURCES["kvbench-kernel-throughput"]
+_CAPACITY = BLOCK_SOURCES["kvbench-capacity"]
+_E2E = BLOCK_SOURCES["kvbench-e2e"]
+_AUDIT = BLOCK_SOURCES["audit-summary"]
+_FINDINGS = BLOCK_SOURCES["audit-findings"]
+_QUESTIONS = BLOCK_SOURCES["audit-questions"]
+
 
 def _newest(evidence: Evidence, stage: str, wanted: Callable[[Record], bool]) -> Record | None:
     return next((f.record for _, f in evidence.by_class(stage) if wanted(f.record)), None)
 
 
-def _number(record: Record, metric: str) -> float | None:
-    value = record.metrics.get(metric)
+def _float(value: Scalar) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
+
+
+def _number(record: Record, metric: str) -> float | None:
+    return _float(record.metrics.get(metric))
 
 
 def _count(record: Record, metric: str) -> str:
@@ -183,14 +201,7 @@ def _count(record: Record, metric: str) -> str:
 def _rows(table: Table | None, **where: Scalar) -> list[dict[str, Scalar]]:
     if table is None:
         return []
-    rows = [dict(zip(table.columns, row, strict=True)) for row in table.rows]
-    return [row for row in rows if all(row.get(k) == v for k, v in where.items())]
-
-
-def _float(value: Scalar) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
+    return [row for row in table.keyed_rows() if all(row.get(k) == v for k, v in where.items())]
 
 
 def _gates_verdict(record: Record, prefix: str = "") -> str:
@@ -216,9 +227,9 @@ def _measured(lang: str, key: str, figure: str, record: Record, **fields: str) -
 
 def _kv_memory(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
     metric = "int8_bytes_per_token_vs_16bit"
-    record = _newest(evidence, "throughput", lambda r: _number(r, metric) is not None)
+    record = _newest(evidence, _CAPACITY.stage, lambda r: _number(r, metric) is not None)
     if record is None:
-        return _missing(evidence, "throughput", metric, lang)
+        return _missing(evidence, _CAPACITY.stage, metric, lang)
     ratio = _number(record, metric) or 0.0
     found = _measured(lang, "kv-memory", _x(ratio), record, ratio=_x(ratio))
     return replace(found, value=ratio)
@@ -228,10 +239,11 @@ def _speedup(op: str) -> Answer:
     low_metric, high_metric = f"{op}_speedup_vs_16bit_min", f"{op}_speedup_vs_16bit_max"
 
     def answer(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
-        record = _newest(evidence, "throughput", lambda r: _number(r, low_metric) is not None)
+        stage = _KERNEL_SPEED.stage
+        record = _newest(evidence, stage, lambda r: _number(r, low_metric) is not None)
         if record is None:
-            if evidence.latest("throughput") is None:
-                return _missing(evidence, "throughput", low_metric, lang)
+            if evidence.latest(stage) is None:
+                return _missing(evidence, stage, low_metric, lang)
             return NotMeasured(summary_label(lang, "why-no-timed"))
         low = _number(record, low_metric) or 0.0
         high = _number(record, high_metric) or low
@@ -245,9 +257,9 @@ def _speedup(op: str) -> Answer:
 
 def _divergence(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
     metric = "divergence_mean_kld"
-    record = _newest(evidence, "accuracy", lambda r: _number(r, metric) is not None)
+    record = _newest(evidence, _DIVERGENCE.stage, lambda r: _number(r, metric) is not None)
     if record is None:
-        return _missing(evidence, "accuracy", metric, lang)
+        return _missing(evidence, _DIVERGENCE.stage, metric, lang)
     kld = (
         f"{_number(record, metric):.3g} ± {_number(record, 'divergence_mean_kld_stderr') or 0:.1g}"
     )
@@ -265,9 +277,9 @@ def _divergence(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Res
 
 def _tasks(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
     # A record of a divergence-only run scored no task: it answers nothing here.
-    record = _newest(evidence, "accuracy", lambda r: (_number(r, "rows") or 0) > 0)
+    record = _newest(evidence, _TASKS.stage, lambda r: (_number(r, "rows") or 0) > 0)
     if record is None:
-        return _missing(evidence, "accuracy", "rows", lang)
+        return _missing(evidence, _TASKS.stage, "rows", lang)
     counts = {k: _count(record, f"rows_{k}") for k in ("passed", "inconclusive", "failed")}
     rows = _count(record, "rows")
     found = _measured(lang, "tasks", f"{counts['passed']}/{rows}", record, rows=rows, **counts)
@@ -281,9 +293,9 @@ def _tasks(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
 
 def _correctness(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
     metric = "worst_error_to_tolerance"
-    record = _newest(evidence, "correctness", lambda r: _number(r, metric) is not None)
+    record = _newest(evidence, _CORRECTNESS.stage, lambda r: _number(r, metric) is not None)
     if record is None:
-        return _missing(evidence, "correctness", metric, lang)
+        return _missing(evidence, _CORRECTNESS.stage, metric, lang)
     worst = f"{_number(record, metric):.2g}"
     edge = _count(record, "edge_cases_failed")
     found = _measured(lang, "correct", worst, record, worst=worst, edge=edge)
@@ -291,13 +303,23 @@ def _correctness(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Re
 
 
 def _built_for(record: Record, target: str) -> list[dict[str, Scalar]]:
-    return _rows(record.tables.get("resources"), target=target)
+    return _rows(record.tables.get(_KERNEL_BUILD.table), target=target)
+
+
+def compiled_for(evidence: Evidence, target: str) -> bool:
+    """Whether the newest kernel build passed and compiled and verified every cell for
+    ``target``: a hardware class it targets that no stage ran on is "compiled, not yet run"."""
+    kernels = evidence.latest(_KERNEL_BUILD.stage)
+    if kernels is None or kernels.record.status != "passed":
+        return False
+    built = _built_for(kernels.record, target)
+    return bool(built) and all(row.get("failed") == 0 for row in built)
 
 
 def _gfx90a_build(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
-    record = _newest(evidence, "kernels", lambda r: bool(_built_for(r, "gfx90a")))
+    record = _newest(evidence, _KERNEL_BUILD.stage, lambda r: bool(_built_for(r, "gfx90a")))
     if record is None:
-        return _missing(evidence, "kernels", "resources", lang)
+        return _missing(evidence, _KERNEL_BUILD.stage, _KERNEL_BUILD.table, lang)
     rows = _built_for(record, "gfx90a")
     total = {k: sum(int(_float(r[k]) or 0) for r in rows) for k in ("cells", "failed")}
     spills = sum(int(_float(r["spill_bytes"]) or 0) for r in rows)
@@ -310,17 +332,14 @@ def _gfx90a_build(evidence: Evidence, hardware: HardwareClasses, lang: str) -> R
 
 def _gfx90a_runs(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
     name = hardware.label("gfx90a", lang)
-    for stage in ("correctness", "throughput", "accuracy"):
+    for stage in (_CORRECTNESS.stage, _KERNEL_SPEED.stage, _TASKS.stage):
         found = dict(evidence.by_class(stage)).get("gfx90a")
         if found is not None:
             record = found.record
             status = _STATUS[lang][record.status]
             measured = _measured(lang, "runs", status, record, hardware=name, status=status)
             return replace(measured, verdict=_gates_verdict(record))
-    kernels = evidence.latest("kernels")
-    built = _built_for(kernels.record, "gfx90a") if kernels is not None else []
-    compiled = bool(built) and all(row["failed"] == 0 for row in built)
-    key = "compiled-not-yet-run" if compiled else "not-yet-run"
+    key = "compiled-not-yet-run" if compiled_for(evidence, "gfx90a") else "not-yet-run"
     return NotMeasured(summary_label(lang, key, hardware=markdown_text(name)))
 
 
@@ -330,7 +349,7 @@ _SHAPE = ("block_size", "input_len", "output_len", "batch", "compilation", "grap
 
 def _timed_e2e(record: Record, bench: str) -> list[dict[str, Scalar]]:
     """The end-to-end cells of ``bench`` that were timed and measured."""
-    rows = _rows(record.tables.get("e2e"), bench=bench)
+    rows = _rows(record.tables.get(_E2E.table), bench=bench)
     return [
         row
         for row in rows
@@ -349,7 +368,7 @@ def _block_size(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Res
                 best[row["block_size"]] = max(best.get(row["block_size"], 0.0), value)
         return best
 
-    record = _newest(evidence, "throughput", lambda r: len(by_block(r)) > 1)
+    record = _newest(evidence, _E2E.stage, lambda r: len(by_block(r)) > 1)
     if record is None:
         return NotMeasured(summary_label(lang, "why-no-rows"))
     ranked = sorted(by_block(record).items(), key=lambda item: -item[1])
@@ -367,7 +386,7 @@ def _compilation(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Re
             best[name] = min(best.get(name, math.inf), _float(row["value"]) or math.inf)
         return best
 
-    record = _newest(evidence, "throughput", lambda r: len(by_variant(r)) > 1)
+    record = _newest(evidence, _E2E.stage, lambda r: len(by_variant(r)) > 1)
     if record is None:
         return NotMeasured(summary_label(lang, "why-no-rows"))
     ranked = sorted(by_variant(record).items(), key=lambda item: item[1])
@@ -386,7 +405,7 @@ def _int8_e2e(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Resul
                 found.append((_float(row["value"]) or 0.0) / (_float(base["value"]) or 1.0))
         return found
 
-    record = _newest(evidence, "throughput", lambda r: bool(ratios(r)))
+    record = _newest(evidence, _E2E.stage, lambda r: bool(ratios(r)))
     if record is None:
         return NotMeasured(summary_label(lang, "why-no-timed"))
     found = ratios(record)
@@ -397,7 +416,7 @@ def _int8_e2e(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Resul
 
 def _capacity(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
     def ratio(record: Record) -> tuple[float, str] | None:
-        rows = _rows(record.tables.get("capacity"), source_kind="engine")
+        rows = _rows(record.tables.get(_CAPACITY.table), source_kind="engine")
         auto = {r["block_size"]: r for r in rows if r.get("kv_cache_dtype") == "auto"}
         for row in rows:
             base = auto.get(row["block_size"])
@@ -407,7 +426,7 @@ def _capacity(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Resul
                 return tokens / base_tokens, f"{tokens:,.0f} / {base_tokens:,.0f}"
         return None
 
-    record = _newest(evidence, "throughput", lambda r: ratio(r) is not None)
+    record = _newest(evidence, _CAPACITY.stage, lambda r: ratio(r) is not None)
     if record is None:
         return NotMeasured(summary_label(lang, "why-no-rows"))
     value, tokens = ratio(record) or (0.0, "")
@@ -416,9 +435,9 @@ def _capacity(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Resul
 
 
 def _fork_base(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
-    record = _newest(evidence, "audit", lambda r: isinstance(r.metrics.get("surprise"), bool))
+    record = _newest(evidence, _AUDIT.stage, lambda r: isinstance(r.metrics.get("surprise"), bool))
     if record is None:
-        return _missing(evidence, "audit", "surprise", lang)
+        return _missing(evidence, _AUDIT.stage, "surprise", lang)
     key = "fork-differs" if record.metrics["surprise"] else "fork-same"
     total, risk = _count(record, "files_total"), _count(record, "vendor_risk_files")
     measured = _measured(lang, key, f"{risk}/{total}", record, total=total, risk=risk)
@@ -429,11 +448,11 @@ def _stream(stream: str) -> Answer:
     metric = f"vendor_risk_stream_{stream.lower()}"
 
     def answer(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
-        record = _newest(evidence, "audit", lambda r: _number(r, metric) is not None)
+        record = _newest(evidence, _FINDINGS.stage, lambda r: _number(r, metric) is not None)
         if record is None:
-            return _missing(evidence, "audit", metric, lang)
+            return _missing(evidence, _FINDINGS.stage, metric, lang)
         count = _count(record, metric)
-        findings = _rows(record.tables.get("findings"), stream=stream)
+        findings = _rows(record.tables.get(_FINDINGS.table), stream=stream)
         paths = sorted({str(row["path"]) for row in findings})
         files = "".join(
             [": ", ", ".join(code_cell(p) for p in paths[:5]), ", …" if len(paths) > 5 else ""]
@@ -447,10 +466,11 @@ def _stream(stream: str) -> Answer:
 
 
 def _kv_dtypes(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
-    record = _newest(evidence, "audit", lambda r: bool(_rows(r.tables.get("questions"))))
+    stage, table = _QUESTIONS.stage, _QUESTIONS.table
+    record = _newest(evidence, stage, lambda r: bool(_rows(r.tables.get(table))))
     if record is None:
-        return _missing(evidence, "audit", "questions", lang)
-    answers = {str(r["question"]): str(r["answer"]) for r in _rows(record.tables.get("questions"))}
+        return _missing(evidence, stage, table, lang)
+    answers = {str(r["question"]): str(r["answer"]) for r in _rows(record.tables.get(table))}
     words = _ANSWER_WORDS[lang]
     asked = {"fp8": "fp8_kv_cache", "int8": "int8_kv_cache", "backend": "attention_backend"}
     fields = {key: words.get(answers.get(question, ""), "—") for key, question in asked.items()}

@@ -19,7 +19,6 @@ from urllib.parse import quote
 import git
 
 from adrkit import _document, _journal
-from adrkit._blocks import ASSETS_DIR, asset_name, figure_signature, markdown_text
 from adrkit._errors import AdrError, CommitError, ResultsError
 from adrkit._evidence import (
     Evidence,
@@ -30,8 +29,10 @@ from adrkit._evidence import (
     stored_path,
     to_store,
 )
+from adrkit._figures import ASSETS_DIR, asset_name, figure_signature
 from adrkit._files import FileReadError, read_capped, remove_stale_temps
 from adrkit._lock import DirectoryLock
+from adrkit._markdown import markdown_text
 from adrkit._record import RECORD_SUFFIX, Record, RecordFile, artifact_in_run_dir
 from adrkit._render import Shown, render_block
 from adrkit._summary import load_decisions
