@@ -161,6 +161,17 @@ def test_the_summary_and_the_blocks_say_alike_whether_gfx90a_was_compiled(
     assert f"_gfx90a node (CDNA2): {note}_" in render_block("kvquant-correctness", shown, "en")
 
 
+def test_a_build_record_without_a_column_the_gfx90a_row_reads_is_not_measured() -> None:
+    columns = ["target", "kernel", "cache", "cells", "failed", "waves_per_simd"]
+    resources = Table(columns, [["gfx90a", "decode_attention", "int8", 2, 0, 4]])
+    kernels = dataclasses.replace(make_record("kernels"), tables={"resources": resources}, gates=[])
+    build = _rows(render_block("decision-0009", _shown(kernels), "en"))[
+        "Builds on gfx90a, and at what occupancy"
+    ]
+    assert build[0] == "the record has no `resources.spill_bytes`"
+    assert build[1] == "not measured" and build[-1] == "not measured"
+
+
 def test_the_fork_summary_names_the_files_of_each_stream() -> None:
     rows = _rows(render_block("decision-0012", _shown(audit()), "en"))
     assert rows["Is the fork the upstream release it claims?"][0].startswith("no: 1 of 1")

@@ -316,11 +316,19 @@ def compiled_for(evidence: Evidence, target: str) -> bool:
     return bool(built) and all(row.get("failed") == 0 for row in built)
 
 
+_GFX90A_BUILD_COLUMNS = ("cells", "failed", "spill_bytes", "waves_per_simd")
+
+
 def _gfx90a_build(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
     record = _newest(evidence, _KERNEL_BUILD.stage, lambda r: bool(_built_for(r, "gfx90a")))
     if record is None:
         return _missing(evidence, _KERNEL_BUILD.stage, _KERNEL_BUILD.table, lang)
     rows = _built_for(record, "gfx90a")
+    # A build record of another layout (an older kvquant) may lack a column this row reads:
+    # then the row is not measured, rather than read as zero.
+    absent = [c for c in _GFX90A_BUILD_COLUMNS if any(c not in r for r in rows)]
+    if absent:
+        return _missing(evidence, _KERNEL_BUILD.stage, f"{_KERNEL_BUILD.table}.{absent[0]}", lang)
     total = {k: sum(int(_float(r[k]) or 0) for r in rows) for k in ("cells", "failed")}
     spills = sum(int(_float(r["spill_bytes"]) or 0) for r in rows)
     waves = min((int(w) for r in rows if (w := _float(r["waves_per_simd"])) is not None), default=0)
