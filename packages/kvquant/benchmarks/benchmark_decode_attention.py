@@ -40,7 +40,7 @@ import triton.language as tl
 
 from kvquant import DecodeConfig, DecodePlan, decode_attention, decode_config, plan_decode
 from kvquant.ops._common import launch
-from kvquant.ops.decode_attention import reduce_spec
+from kvquant.ops._reduce_splits import reduce_spec
 from kvquant.timing import (
     copy_bandwidth,
     graph_ms,

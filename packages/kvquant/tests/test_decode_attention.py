@@ -25,6 +25,7 @@ from kvquant import (
 from kvquant import reference as ref
 from kvquant._batch import PagedBatch, make_paged_batch
 from kvquant.ops import _common
+from kvquant.ops import _decode_plan as decode_plan_module
 from kvquant.ops import cache_write as cache_write_module
 from kvquant.ops import decode_attention as decode_attention_module
 from kvquant.ops._common import runtime_target
@@ -469,7 +470,7 @@ def _host_work(monkeypatch: pytest.MonkeyPatch) -> Iterator[_HostWork]:
         guard.ops.append("Tensor.tolist")
         return real_tolist(tensor)
 
-    for module in (_common, decode_attention_module, cache_write_module):
+    for module in (_common, decode_plan_module, cache_write_module):
         monkeypatch.setattr(module, "launch", kernel_unguarded)
     monkeypatch.setattr(torch.Tensor, "tolist", recorded_tolist)
     with guard:
@@ -715,7 +716,7 @@ def test_compiled_launch_matches_the_jit_launch_gpu(
     slots = torch.tensor([3, -1, 40, 41], device=device)
 
     def outputs(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        decode_attention_module.clear_plan_caches()  # plans and launchers made anew under the gate
+        decode_plan_module.clear_plan_caches()  # plans and launchers made anew under the gate
         written = allocate_cache(batch.cache.num_blocks, 2, 128, 16, cache_dtype, device)
         cache_write(written, key, key, slots, validate=False)
         plan = _plan_for(batch, 2000, num_splits=3)
@@ -734,7 +735,7 @@ def test_compiled_launch_matches_the_jit_launch_gpu(
     misaligned = outputs(shifted)[0]
     error = rel_l2(misaligned, direct[0])
     assert error < 1e-6, error
-    decode_attention_module.clear_plan_caches()
+    decode_plan_module.clear_plan_caches()
 
 
 def test_empty_decode(device: torch.device, gen: torch.Generator) -> None:
