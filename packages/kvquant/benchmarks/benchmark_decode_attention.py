@@ -393,9 +393,19 @@ def budget() -> None:
         partial_acc = torch.randn(batch, NUM_Q_HEADS, splits, HEAD_SIZE, device="cuda")
         partial_max = torch.randn(batch, NUM_Q_HEADS, splits, device="cuda")
         partial_sum = torch.rand(batch, NUM_Q_HEADS, splits, device="cuda") + 1
-        reduce_args = (out, partial_acc, partial_max, partial_sum, splits, HEAD_SIZE)
-        reduce_args += (out.stride(0), out.stride(1))  # type: ignore[assignment]
-        reducer = graph_ms(functools.partial(launch, reduce, (batch, NUM_Q_HEADS), *reduce_args))
+        reduce_arguments = reduce.arguments(
+            out_ptr=out,
+            partial_acc_ptr=partial_acc,
+            partial_max_ptr=partial_max,
+            partial_sum_ptr=partial_sum,
+            num_splits=splits,
+            head_size=HEAD_SIZE,
+            stride_o_t=out.stride(0),
+            stride_o_h=out.stride(1),
+        )
+        reducer = graph_ms(
+            functools.partial(launch, reduce, (batch, NUM_Q_HEADS), reduce_arguments)
+        )
         streaming = [f - k for f, k in zip(full, one_key, strict=True)]
         tbs = [num_bytes / ms / 1e9 for ms in streaming]
         print(

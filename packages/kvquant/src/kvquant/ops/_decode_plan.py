@@ -112,9 +112,11 @@ class DecodePlan:
     _decode: JitLaunch | CompiledLaunch = field(repr=False)
     _reduce: JitLaunch | CompiledLaunch = field(repr=False)
     _direct: bool = field(repr=False)  # both launch compiled kernels, pointers as addresses
-    # Launch constants: the grids, and the decode's scalar arguments after the softcap.
+    # Launch constants: the grids, and the decode's arguments that the plan fixes, (name,
+    # value) in the kernel's order, and their values alone for `_launch_compiled`.
     _decode_grid: tuple[int, int, int] = field(repr=False)
     _reduce_grid: tuple[int, int] = field(repr=False)
+    _decode_constants: tuple[tuple[str, int], ...] = field(repr=False)
     _decode_scalars: tuple[int, ...] = field(repr=False)
     _stats_offset: int = field(repr=False)  # where the partial maxima and sums start in scratch
     _stats_padded: int = field(repr=False)
@@ -174,7 +176,7 @@ class DecodePlan:
         tensors = (out, query, cache.k, cache.v, k_scale, v_scale, block_table, seq_lens)
         scalars = (softmax_scale, softcap or 0.0)
         if not (self._direct and self._launch_compiled(tensors, scratch, scalars, strides)):
-            self._launch_jit(tensors, cache, scratch, scalars, strides)
+            self._launch_jit(tensors, cache, scratch, scalars)
         return out
 
     def _launch_compiled(
@@ -185,7 +187,12 @@ class DecodePlan:
         strides: tuple[int, ...],
     ) -> bool:
         """Launch the compiled kernels, pointers as addresses; False (nothing launched) when an
-        address or stride is not a multiple of 16, as the compiled variant assumes."""
+        address or stride is not a multiple of 16, as the compiled variant assumes.
+
+        The arguments are those `_launch_jit` names, by position: binding them by name on each
+        call (`KernelSpec.arguments`) would cost the host about 2 us.
+        tests/test_decode_attention.py checks that the two paths pass the same.
+        """
         o, q, k, v, ks, vs, bt, sl = [tensor.data_ptr() for tensor in tensors]
         acc = o if scratch is None else scratch.data_ptr()
         maxes = acc + 4 * self._stats_offset
@@ -213,35 +220,63 @@ class DecodePlan:
         cache: PagedKVCache,
         scratch: torch.Tensor | None,
         scalars: tuple[float, float],
-        strides: tuple[int, ...],
     ) -> None:
         """Launch through Triton's JIT: under the interpreter, or for arguments the compiled
         variant does not assume (the JIT compiles the variant they need)."""
         out, query, k, v, k_scale, v_scale, block_table, seq_lens = tensors
-        partials = (out, out, out)
+        acc = max_ = sum_ = out  # one split: no partials, the decode writes the result
         if scratch is not None:
             stats = self._stats_offset
-            partials = (scratch, scratch[stats:], scratch[stats + self._stats_padded :])
-        launch(
-            decode_spec(
-                **self._geometry(),
-                out_dtype=self.out_dtype,
-                one_split=scratch is None,
-                config=self.config,
-            ),
-            self._decode_grid,
-            kernel_operand(out, cache), *partials, kernel_operand(query, cache), k, v, k_scale,
-            v_scale, block_table, seq_lens, *scalars, *self._decode_scalars, *strides,
-            block_table.stride(0),
-        )  # fmt: skip
+            acc, max_, sum_ = scratch, scratch[stats:], scratch[stats + self._stats_padded :]
+        decode = decode_spec(
+            **self._geometry(),
+            out_dtype=self.out_dtype,
+            one_split=scratch is None,
+            config=self.config,
+        )
+        decode_arguments = decode.arguments(
+            out_ptr=kernel_operand(out, cache),
+            partial_acc_ptr=acc,
+            partial_max_ptr=max_,
+            partial_sum_ptr=sum_,
+            q_ptr=kernel_operand(query, cache),
+            k_ptr=k,
+            v_ptr=v,
+            k_scale_ptr=k_scale,
+            v_scale_ptr=v_scale,
+            block_table_ptr=block_table,
+            seq_lens_ptr=seq_lens,
+            softmax_scale=scalars[0],
+            softcap=scalars[1],
+            **dict(self._decode_constants),
+            stride_q_t=query.stride(0),
+            stride_q_h=query.stride(1),
+            stride_o_t=out.stride(0),
+            stride_o_h=out.stride(1),
+            stride_k_b=k.stride(0),
+            stride_k_h=k.stride(1),
+            stride_v_b=v.stride(0),
+            stride_v_h=v.stride(1),
+            stride_s_b=k_scale.stride(0),
+            stride_s_h=k_scale.stride(1),
+            stride_bt=block_table.stride(0),
+        )
+        launch(decode, self._decode_grid, decode_arguments)
         if scratch is not None:
-            launch(
-                reduce_spec(
-                    head_size=self.head_size, model_dtype=self.model_dtype, out_dtype=self.out_dtype
-                ),
-                self._reduce_grid,
-                out, *partials, self.num_splits, self.head_size, *strides[2:4],
-            )  # fmt: skip
+            reduce = reduce_spec(
+                head_size=self.head_size, model_dtype=self.model_dtype, out_dtype=self.out_dtype
+            )
+            reduce_arguments = reduce.arguments(
+                out_ptr=out,
+                partial_acc_ptr=acc,
+                partial_max_ptr=max_,
+                partial_sum_ptr=sum_,
+                num_splits=self.num_splits,
+                head_size=self.head_size,
+                stride_o_t=out.stride(0),
+                stride_o_h=out.stride(1),
+            )
+            launch(reduce, self._reduce_grid, reduce_arguments)
 
     def _geometry(self) -> dict[str, Any]:
         return {
@@ -429,6 +464,16 @@ def _plan(
     stats_padded = -(-stats // 4) * 4
     decode_launch = kernel_launcher(one_split if num_splits == 1 else decode, device)
     reduce_launch = kernel_launcher(reduce, device)
+    fixed = {
+        "sliding_window": sliding_window or 0,
+        "num_splits": num_splits,
+        "tiles_per_split": tiles_per_split,
+        "group": gqa,
+        "query_bf16": int(model_dtype == torch.bfloat16),
+        "block_size": block_size,
+        "block_shift": page_shift(block_size),
+    }
+    constants = tuple((name, fixed[name]) for name in decode.runtime_parameters if name in fixed)
     return DecodePlan(
         num_seqs=num_seqs,
         max_seq_len=max_seq_len,
@@ -450,15 +495,8 @@ def _plan(
         _direct=decode_launch.takes_addresses and reduce_launch.takes_addresses,
         _decode_grid=(num_seqs, programs_per_seq, num_splits),
         _reduce_grid=(num_seqs, num_q_heads),
-        _decode_scalars=(
-            sliding_window or 0,
-            num_splits,
-            tiles_per_split,
-            gqa,
-            int(model_dtype == torch.bfloat16),  # query_bf16
-            block_size,
-            page_shift(block_size),
-        ),
+        _decode_constants=constants,
+        _decode_scalars=tuple(value for _, value in constants),
         _stats_offset=stats * head_size,
         _stats_padded=stats_padded,
     )

@@ -20,11 +20,6 @@ from ._paged_tiles import attention_types
 # Splits the reducer combines per step; the split count itself is a runtime argument.
 _SPLIT_TILE = 16
 
-_RUNTIME_PARAMS = (
-    "out_ptr partial_acc_ptr partial_max_ptr partial_sum_ptr num_splits head_size stride_o_t "
-    "stride_o_h"
-)
-
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _reduce_splits_kernel(
@@ -83,7 +78,9 @@ def reduce_spec(
     *, head_size: int, model_dtype: torch.dtype, out_dtype: torch.dtype | None = None
 ) -> KernelSpec:
     """The split reducer the launcher compiles (the same on every target)."""
-    types = attention_types(_RUNTIME_PARAMS, model_dtype, model_dtype, out_dtype or model_dtype)
+    types = attention_types(
+        _reduce_splits_kernel, model_dtype, model_dtype, out_dtype or model_dtype
+    )
     constexprs: dict[str, int | float | bool] = {
         "HEAD_PAD": next_power_of_2(head_size),
         "SPLIT_TILE": _SPLIT_TILE,

@@ -500,17 +500,6 @@ def _fp16_pv_shape(head_pad: int, columns: int, v_pagewise: bool) -> tuple[int, 
     return _DECODE_TILE_N_MAX // (2 if halve else 1), num_warps
 
 
-_RUNTIME_PARAMS = {
-    "decode_attention": (
-        "out_ptr partial_acc_ptr partial_max_ptr partial_sum_ptr q_ptr k_ptr v_ptr k_scale_ptr "
-        "v_scale_ptr block_table_ptr seq_lens_ptr softmax_scale softcap sliding_window "
-        "num_splits tiles_per_split group query_bf16 block_size block_shift stride_q_t stride_q_h "
-        "stride_o_t stride_o_h stride_k_b stride_k_h stride_v_b stride_v_h stride_s_b stride_s_h "
-        "stride_bt"
-    ),
-}
-
-
 @dataclass(frozen=True)
 class DecodeConfig:
     """Launch shape of one decode program (`decode_config` chooses it; sweeps pass their own).
@@ -611,9 +600,7 @@ def decode_spec(
     constexprs["TILE_N"] = config.tile_n
     constexprs["ONE_SPLIT"] = one_split
     constexprs["USE_FP16_PV"] = config.fp16_pv
-    types = attention_types(
-        _RUNTIME_PARAMS["decode_attention"], model_dtype, cache_dtype, out_dtype or model_dtype
-    )
+    types = attention_types(_decode_kernel, model_dtype, cache_dtype, out_dtype or model_dtype)
     return make_spec(
         "decode_attention_one_split" if one_split else "decode_attention",
         _decode_kernel,
