@@ -773,8 +773,9 @@ def test_direct_launches_pass_what_the_named_jit_launches_pass(
     position (binding them by name would cost host time on every call); they must be what the
     JIT paths name through `KernelSpec.arguments`, for the decode, its reducer and the write."""
     batch = paged_batch([300, 17, 1], device, gen)
+    shape = {"num_splits": num_splits, "sliding_window": 200}
     out = torch.empty_like(batch.query)
-    scratch = _plan_for(batch, 300, num_splits=num_splits).new_scratch()
+    scratch = _plan_for(batch, 300, **shape).new_scratch()
     key = torch.randn(2, 2, 64, generator=gen).to(device, torch.bfloat16)
     slots = torch.tensor([5, 40], device=device)  # int64: both paths pass this tensor itself
 
@@ -782,7 +783,7 @@ def test_direct_launches_pass_what_the_named_jit_launches_pass(
         with monkeypatch.context() as patch:
             recorded = _RecordedLaunches(patch, direct=direct)
             decode_plan_module.clear_plan_caches()  # plans made anew with the stand-ins
-            plan = _plan_for(batch, 300, num_splits=num_splits, sliding_window=200)
+            plan = _plan_for(batch, 300, **shape)
             plan.run(
                 batch.query, batch.cache, batch.block_table, batch.seq_lens, 0.1,
                 softcap=30.0, out=out, scratch=scratch,

@@ -464,6 +464,8 @@ def _plan(
     stats_padded = -(-stats // 4) * 4
     decode_launch = kernel_launcher(one_split if num_splits == 1 else decode, device)
     reduce_launch = kernel_launcher(reduce, device)
+    # The decode's arguments that this plan fixes, by name, then in the kernel's order: the
+    # order in which `_launch_compiled` passes their values.
     fixed = {
         "sliding_window": sliding_window or 0,
         "num_splits": num_splits,
