@@ -37,114 +37,30 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from _shapes import (
+    BATCHES,
+    BLOCK_SIZE,
+    CONTEXTS,
+    GRAPH_CALLS,
+    HEAD_SIZE,
+    MODEL_DTYPE,
+    NUM_KV_HEADS,
+    NUM_Q_HEADS,
+    DecodeSetup,
+    kv_bytes,
+)
 
-from kvquant import DecodeConfig, DecodePlan, decode_attention, decode_config, plan_decode
+from kvquant import DecodeConfig, DecodePlan, decode_config
 from kvquant.ops._common import launch
-from kvquant.ops.decode_attention import reduce_spec
+from kvquant.ops._reduce_splits import reduce_spec
 from kvquant.timing import (
     copy_bandwidth,
     graph_ms,
     median_ms,
-    paged_kv_bytes,
     plain_read_ms,
-    random_sequences,
     read_clear,
     zero_clear,
 )
-
-NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 32, 8, 128, 16
-SOFTMAX_SCALE = HEAD_SIZE**-0.5
-MODEL_DTYPE = torch.bfloat16
-BATCHES = (1, 16, 64)
-CONTEXTS = (1024, 8192, 32768)
-
-
-# Decodes per graph for the "in graph" columns, each over its own cache (see the docstring).
-GRAPH_CALLS = 4
-
-
-def kv_bytes(batch: int, context: int, cache_dtype: torch.dtype) -> int:
-    return paged_kv_bytes(
-        batch,
-        context,
-        num_kv_heads=NUM_KV_HEADS,
-        head_size=HEAD_SIZE,
-        block_size=BLOCK_SIZE,
-        cache_dtype=cache_dtype,
-    )
-
-
-class DecodeSetup:
-    """A paged cache of random data for `batch` sequences of `context` tokens each (the issue's
-    geometry unless told another)."""
-
-    def __init__(
-        self,
-        batch: int,
-        context: int,
-        cache_dtype: torch.dtype,
-        device: str = "cuda",
-        model_dtype: torch.dtype = MODEL_DTYPE,
-        geometry: tuple[int, int, int] = (NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE),
-    ) -> None:
-        num_q_heads, num_kv_heads, head_size = geometry
-        sequences = random_sequences(
-            batch,
-            context,
-            num_kv_heads=num_kv_heads,
-            head_size=head_size,
-            block_size=BLOCK_SIZE,
-            cache_dtype=cache_dtype,
-            device=device,
-        )
-        self.cache = sequences.cache
-        self.block_table = sequences.block_table
-        self.seq_lens = sequences.seq_lens
-        self.query = torch.randn(batch, num_q_heads, head_size, device=device, dtype=model_dtype)
-        self.out = torch.empty_like(self.query)
-        self.context = context
-        self.geometry = geometry
-
-    def run(self, num_splits: int | None = None, config: DecodeConfig | None = None) -> None:
-        decode_attention(
-            self.query,
-            self.cache,
-            self.block_table,
-            self.seq_lens,
-            SOFTMAX_SCALE,
-            out=self.out,
-            max_seq_len=self.context,
-            validate=False,
-            num_splits=num_splits,
-            config=config,
-        )
-
-    def plan(self, config: DecodeConfig | None = None) -> DecodePlan:
-        """The plan ``run`` launches through (its split count is the launcher's choice)."""
-        num_q_heads, num_kv_heads, head_size = self.geometry
-        return plan_decode(
-            num_seqs=self.query.shape[0],
-            max_seq_len=self.context,
-            num_q_heads=num_q_heads,
-            num_kv_heads=num_kv_heads,
-            head_size=head_size,
-            block_size=BLOCK_SIZE,
-            model_dtype=self.query.dtype,
-            cache_dtype=self.cache.dtype,
-            device=self.query.device,
-            config=config,
-        )
-
-    def config(self) -> DecodeConfig:
-        """The launch shape the decode ships with for this setup."""
-        num_q_heads, num_kv_heads, head_size = self.geometry
-        return decode_config(
-            head_size=head_size,
-            block_size=BLOCK_SIZE,
-            gqa=num_q_heads // num_kv_heads,
-            cache_dtype=self.cache.dtype,
-            target="cuda",
-        )
 
 
 def sdpa_ms(batch: int, context: int) -> float:
@@ -393,9 +309,19 @@ def budget() -> None:
         partial_acc = torch.randn(batch, NUM_Q_HEADS, splits, HEAD_SIZE, device="cuda")
         partial_max = torch.randn(batch, NUM_Q_HEADS, splits, device="cuda")
         partial_sum = torch.rand(batch, NUM_Q_HEADS, splits, device="cuda") + 1
-        reduce_args = (out, partial_acc, partial_max, partial_sum, splits, HEAD_SIZE)
-        reduce_args += (out.stride(0), out.stride(1))  # type: ignore[assignment]
-        reducer = graph_ms(functools.partial(launch, reduce, (batch, NUM_Q_HEADS), *reduce_args))
+        reduce_arguments = reduce.arguments(
+            out_ptr=out,
+            partial_acc_ptr=partial_acc,
+            partial_max_ptr=partial_max,
+            partial_sum_ptr=partial_sum,
+            num_splits=splits,
+            head_size=HEAD_SIZE,
+            stride_o_t=out.stride(0),
+            stride_o_h=out.stride(1),
+        )
+        reducer = graph_ms(
+            functools.partial(launch, reduce, (batch, NUM_Q_HEADS), reduce_arguments)
+        )
         streaming = [f - k for f, k in zip(full, one_key, strict=True)]
         tbs = [num_bytes / ms / 1e9 for ms in streaming]
         print(

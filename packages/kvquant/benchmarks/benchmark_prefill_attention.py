@@ -20,22 +20,21 @@ import itertools
 
 import torch
 import triton
-from benchmark_decode_attention import (
+from _shapes import (
     HEAD_SIZE,
     MODEL_DTYPE,
     NUM_KV_HEADS,
     NUM_Q_HEADS,
+    PREFILL_SHAPES,
     SOFTMAX_SCALE,
     DecodeSetup,
+    prefill_flops,
 )
 
 from kvquant import PrefillConfig
 from kvquant.ops.prefill_attention import plan_prefill
 from kvquant.timing import graph_ms
 
-# Chunked prefill shapes: (batch, cached tokens, new tokens) per sequence; the new tokens are in
-# the cache too, as after the step's cache write.
-PREFILL_SHAPES = ((4, 2048, 2048), (4, 16384, 2048), (1, 32768, 4096), (8, 0, 2048))
 # Launch shapes `--sweep` times (`PrefillConfig`: rows, tile_n, warps, stages).
 PREFILL_SWEEP = (
     PrefillConfig(64, 64, 4, 2),
@@ -47,11 +46,6 @@ PREFILL_SWEEP = (
     PrefillConfig(128, 64, 4, 3),
     PrefillConfig(256, 64, 8, 2),
 )
-
-
-def prefill_flops(batch: int, cached: int, new: int) -> float:
-    """Causal FLOPs of the new tokens: Q x K and P x V over the prefix and, causally, themselves."""
-    return 4 * batch * new * NUM_Q_HEADS * HEAD_SIZE * (cached + (new + 1) / 2)
 
 
 def prefill_ms(

@@ -20,8 +20,8 @@ import kvquant
 from kvquant import prefill_attention
 from kvquant.timing import median_ms, random_sequences
 
-# (batch, cached tokens, new tokens), as benchmark_prefill_attention.PREFILL_SHAPES (not
-# imported: that script needs the current tree).
+# (batch, cached tokens, new tokens), as _shapes.PREFILL_SHAPES (not imported: that module needs
+# the current tree).
 SHAPES = ((4, 2048, 2048), (4, 16384, 2048), (1, 32768, 4096), (8, 0, 2048))
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 32, 8, 128, 16
 

@@ -36,15 +36,17 @@ from typing import Any
 
 import torch
 import triton
-from benchmark_decode_attention import (
+from _shapes import (
     BATCHES,
     CONTEXTS,
     GRAPH_CALLS,
     HEAD_SIZE,
     MODEL_DTYPE,
     NUM_Q_HEADS,
+    PREFILL_SHAPES,
     DecodeSetup,
     kv_bytes,
+    prefill_flops,
 )
 
 from kvquant import to_upstream_layout
@@ -294,8 +296,6 @@ class PrefillSideBySide:
 
 
 def prefill_table() -> None:
-    from benchmark_prefill_attention import PREFILL_SHAPES, prefill_flops
-
     print(
         "prefill: ms per call, one call per graph replay; TFLOP/s of the new tokens' causal FLOPs"
     )

@@ -76,6 +76,21 @@ def test_jit_may_not_specialize_an_integer_the_build_compiles_as_a_runtime_value
     assert spec.aligned == ("x_ptr", "stride_x")
 
 
+def test_launch_arguments_are_named_and_come_out_in_the_kernels_order() -> None:
+    """`KernelSpec.arguments` takes each runtime parameter by name, in any order, and returns
+    them as the kernel declares them; a launch that misses one or names another is refused."""
+    reducer = _specs()[2]
+    assert reducer.runtime_parameters == (
+        "out_ptr", "partial_acc_ptr", "partial_max_ptr", "partial_sum_ptr", "num_splits",
+        "head_size", "stride_o_t", "stride_o_h",
+    )  # fmt: skip
+    named = {name: index for index, name in enumerate(reducer.runtime_parameters)}
+    assert reducer.arguments(**dict(reversed(named.items()))) == tuple(range(len(named)))
+    renamed = {("splits" if name == "num_splits" else name): v for name, v in named.items()}
+    with pytest.raises(TypeError, match=r"missing \['num_splits'\], unknown \['splits'\]$"):
+        reducer.arguments(**renamed)
+
+
 def test_specs_cover_every_parameter() -> None:
     specs = _specs()
     names = [spec.name for spec in specs]

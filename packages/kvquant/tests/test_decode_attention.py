@@ -25,6 +25,7 @@ from kvquant import (
 from kvquant import reference as ref
 from kvquant._batch import PagedBatch, make_paged_batch
 from kvquant.ops import _common
+from kvquant.ops import _decode_plan as decode_plan_module
 from kvquant.ops import cache_write as cache_write_module
 from kvquant.ops import decode_attention as decode_attention_module
 from kvquant.ops._common import runtime_target
@@ -469,7 +470,7 @@ def _host_work(monkeypatch: pytest.MonkeyPatch) -> Iterator[_HostWork]:
         guard.ops.append("Tensor.tolist")
         return real_tolist(tensor)
 
-    for module in (_common, decode_attention_module, cache_write_module):
+    for module in (_common, decode_plan_module, cache_write_module):
         monkeypatch.setattr(module, "launch", kernel_unguarded)
     monkeypatch.setattr(torch.Tensor, "tolist", recorded_tolist)
     with guard:
@@ -715,7 +716,7 @@ def test_compiled_launch_matches_the_jit_launch_gpu(
     slots = torch.tensor([3, -1, 40, 41], device=device)
 
     def outputs(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        decode_attention_module.clear_plan_caches()  # plans and launchers made anew under the gate
+        decode_plan_module.clear_plan_caches()  # plans and launchers made anew under the gate
         written = allocate_cache(batch.cache.num_blocks, 2, 128, 16, cache_dtype, device)
         cache_write(written, key, key, slots, validate=False)
         plan = _plan_for(batch, 2000, num_splits=3)
@@ -734,7 +735,71 @@ def test_compiled_launch_matches_the_jit_launch_gpu(
     misaligned = outputs(shifted)[0]
     error = rel_l2(misaligned, direct[0])
     assert error < 1e-6, error
-    decode_attention_module.clear_plan_caches()
+    decode_plan_module.clear_plan_caches()
+
+
+class _RecordedLaunches:
+    """Stands in for both launch paths of the decode plans and the cache write: records each
+    launch as (path, kernel, grid, arguments), tensors as their addresses, and runs nothing.
+    ``direct``: the launchers take addresses, as `CompiledLaunch` does, else they are the JIT's."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, direct: bool) -> None:
+        self.calls: list[tuple[str, str, tuple[int, ...], tuple[object, ...]]] = []
+        record = self.calls.append
+
+        class Launcher:
+            takes_addresses = direct
+
+            def __init__(self, spec: Any, device: torch.device) -> None:
+                self.name = spec.name
+
+            def __call__(self, grid: tuple[int, ...], *args: object) -> None:
+                record(("direct", self.name, grid, args))
+
+        def jit_launch(spec: Any, grid: tuple[int, ...], arguments: tuple[object, ...]) -> None:
+            addresses = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in arguments)
+            record(("jit", spec.name, grid, addresses))
+
+        for module in (decode_plan_module, cache_write_module):
+            monkeypatch.setattr(module, "kernel_launcher", Launcher)
+            monkeypatch.setattr(module, "launch", jit_launch)
+
+
+@pytest.mark.parametrize("num_splits", [3, 1])
+def test_direct_launches_pass_what_the_named_jit_launches_pass(
+    num_splits: int, monkeypatch: pytest.MonkeyPatch, device: torch.device, gen: torch.Generator
+) -> None:
+    """The compiled paths of `DecodePlan.run` and `cache_write` pass their arguments by
+    position (binding them by name would cost host time on every call); they must be what the
+    JIT paths name through `KernelSpec.arguments`, for the decode, its reducer and the write."""
+    batch = paged_batch([300, 17, 1], device, gen)
+    shape = {"num_splits": num_splits, "sliding_window": 200}
+    out = torch.empty_like(batch.query)
+    scratch = _plan_for(batch, 300, **shape).new_scratch()
+    key = torch.randn(2, 2, 64, generator=gen).to(device, torch.bfloat16)
+    slots = torch.tensor([5, 40], device=device)  # int64: both paths pass this tensor itself
+
+    def launches(direct: bool) -> list[tuple[str, str, tuple[int, ...], tuple[object, ...]]]:
+        with monkeypatch.context() as patch:
+            recorded = _RecordedLaunches(patch, direct=direct)
+            decode_plan_module.clear_plan_caches()  # plans made anew with the stand-ins
+            plan = _plan_for(batch, 300, **shape)
+            plan.run(
+                batch.query, batch.cache, batch.block_table, batch.seq_lens, 0.1,
+                softcap=30.0, out=out, scratch=scratch,
+            )  # fmt: skip
+            cache_write(batch.cache, key, key, slots, validate=False)
+        decode_plan_module.clear_plan_caches()
+        return recorded.calls
+
+    direct, jit = launches(direct=True), launches(direct=False)
+    kernels = (
+        ["decode_attention", "reduce_splits"] if num_splits > 1 else ["decode_attention_one_split"]
+    )
+    assert [(path, name) for path, name, _, _ in direct] == [
+        ("direct", name) for name in [*kernels, "cache_write"]
+    ]
+    assert [call[1:] for call in direct] == [call[1:] for call in jit]
 
 
 def test_empty_decode(device: torch.device, gen: torch.Generator) -> None:

@@ -37,10 +37,10 @@ def test_gpu_matrix_parses_with_kernel_and_e2e_cells() -> None:
 def test_the_gpu_kernel_matrix_times_the_shapes_kvquants_benchmarks_print(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # As when they run from their folder: the scripts import each other by module name.
+    # As when they run from their folder: the scripts import the shapes they share (_shapes.py)
+    # by module name.
     monkeypatch.syspath_prepend(str(KVQUANT_BENCHMARKS))
-    attention = importlib.import_module("benchmark_decode_attention")
-    prefill = importlib.import_module("benchmark_prefill_attention")
+    shapes = importlib.import_module("_shapes")
     cache_write = importlib.import_module("benchmark_cache_write")
     matrix = load_matrix(CONFIGS / "throughput-gpu-kernels.toml")
     cells = [cell for cell in matrix.cells if isinstance(cell, KernelCell)]
@@ -48,12 +48,12 @@ def test_the_gpu_kernel_matrix_times_the_shapes_kvquants_benchmarks_print(
     assert len(cells) == len(matrix.cells)
     s = cells[0].shape
     assert (s.num_q_heads, s.num_kv_heads, s.head_size, s.block_size) == (
-        attention.NUM_Q_HEADS,
-        attention.NUM_KV_HEADS,
-        attention.HEAD_SIZE,
-        attention.BLOCK_SIZE,
+        shapes.NUM_Q_HEADS,
+        shapes.NUM_KV_HEADS,
+        shapes.HEAD_SIZE,
+        shapes.BLOCK_SIZE,
     )
-    assert getattr(torch, s.model_dtype) == attention.MODEL_DTYPE
+    assert getattr(torch, s.model_dtype) == shapes.MODEL_DTYPE
     by_op: dict[str, set[tuple[str, int, int, int]]] = {}
     for cell in cells:
         by_op.setdefault(cell.op, set()).add(
@@ -62,21 +62,17 @@ def test_the_gpu_kernel_matrix_times_the_shapes_kvquants_benchmarks_print(
     caches = ("int8", "bfloat16")
     assert by_op["decode"] == {
         (cache, batch, context, 0)
-        for cache, batch, context in itertools.product(
-            caches, attention.BATCHES, attention.CONTEXTS
-        )
+        for cache, batch, context in itertools.product(caches, shapes.BATCHES, shapes.CONTEXTS)
     }
     assert by_op["prefill"] == {
         (cache, batch, cached + new, cached)
-        for cache, (batch, cached, new) in itertools.product(caches, prefill.PREFILL_SHAPES)
+        for cache, (batch, cached, new) in itertools.product(caches, shapes.PREFILL_SHAPES)
     }
     assert by_op["cache_write"] == {(cache, 1, cache_write.NUM_TOKENS, 0) for cache in caches}
     # And the decode's GB/s counts the benchmark's bytes.
     for cell in cells:
         if cell.op == "decode":
-            expected = attention.kv_bytes(
-                cell.batch, cell.context, getattr(torch, cell.cache_dtype)
-            )
+            expected = shapes.kv_bytes(cell.batch, cell.context, getattr(torch, cell.cache_dtype))
             assert moved_bytes(cell) == expected
 
 

@@ -28,14 +28,9 @@ if TYPE_CHECKING:
     from ._correctness import CorrectnessResult
     from ._output import output_problem
     from .ops._common import ACTIVATION_DTYPES, interpreted
+    from .ops._decode_plan import DecodePlan, decode_attention, plan_decode
     from .ops.cache_write import cache_write
-    from .ops.decode_attention import (
-        DecodeConfig,
-        DecodePlan,
-        decode_attention,
-        decode_config,
-        plan_decode,
-    )
+    from .ops.decode_attention import DecodeConfig, decode_config
     from .ops.prefill_attention import PrefillConfig, prefill_attention
 
 _LAZY_EXPORTS = {
@@ -51,10 +46,10 @@ _LAZY_EXPORTS = {
     "to_upstream_layout": "._cache",
     "cache_write": ".ops.cache_write",
     "DecodeConfig": ".ops.decode_attention",
-    "DecodePlan": ".ops.decode_attention",
+    "DecodePlan": ".ops._decode_plan",
     "decode_config": ".ops.decode_attention",
-    "decode_attention": ".ops.decode_attention",
-    "plan_decode": ".ops.decode_attention",
+    "decode_attention": ".ops._decode_plan",
+    "plan_decode": ".ops._decode_plan",
     "PrefillConfig": ".ops.prefill_attention",
     "prefill_attention": ".ops.prefill_attention",
     "CorrectnessResult": "._correctness",

@@ -104,6 +104,31 @@ class KernelSpec:
     num_stages: int
     aligned: tuple[str, ...] = ()
 
+    @functools.cached_property
+    def runtime_parameters(self) -> tuple[str, ...]:
+        """The kernel's runtime parameters (all but its constexprs), in signature order."""
+        return tuple(name for name, kind in self.signature.items() if kind != "constexpr")
+
+    def arguments(self, **values: object) -> tuple[object, ...]:
+        """``values``, one per runtime parameter by name, in signature order: the arguments
+        `launch` and the launchers (`kernel_launcher`) take.
+
+        Raises:
+            TypeError: ``values`` lacks a runtime parameter or names one the kernel lacks.
+        """
+        params = self.runtime_parameters
+        if len(values) == len(params):
+            try:
+                return tuple(map(values.__getitem__, params))
+            except KeyError:
+                pass
+        missing = [name for name in params if name not in values]
+        unknown = sorted(set(values) - set(params))
+        raise TypeError(
+            f"{self.name}: the launch's arguments are not the kernel's runtime parameters; "
+            f"missing {missing}, unknown {unknown}"
+        )
+
 
 def pointer(dtype: torch.dtype) -> str:
     """Triton's signature type of a pointer to ``dtype``, e.g. ``*bf16``."""
@@ -157,11 +182,7 @@ def make_spec(
     describe what runs) and that a server would compile mid-run the first time a batch shape
     produced such a value (one split, one tile per split, one token to write).
     """
-    python_fn = getattr(kernel, "fn", kernel)  # JITFunction and the interpreter's wrapper
-    params = [
-        (p.name, "constexpr" in str(p.annotation))
-        for p in inspect.signature(python_fn).parameters.values()
-    ]
+    params = _parameters(kernel)
     signature = {name_: "constexpr" if const else types[name_] for name_, const in params}
     wanted = {name_ for name_, const in params if const}
     if set(constexprs) != wanted or set(types) != {n for n, c in params if not c}:
@@ -181,6 +202,21 @@ def make_spec(
     return KernelSpec(name, kernel, signature, dict(constexprs), num_warps, num_stages, aligned)
 
 
+def _parameters(kernel: Any) -> list[tuple[str, bool]]:
+    """(name, whether constexpr) of each of ``kernel``'s parameters, in order."""
+    python_fn = getattr(kernel, "fn", kernel)  # JITFunction and the interpreter's wrapper
+    return [
+        (p.name, "constexpr" in str(p.annotation))
+        for p in inspect.signature(python_fn).parameters.values()
+    ]
+
+
+def runtime_parameters(kernel: Any) -> tuple[str, ...]:
+    """``kernel``'s runtime parameters (all but its constexprs), in signature order: the names
+    a spec's types (`make_spec`) are given for."""
+    return tuple(name for name, const in _parameters(kernel) if not const)
+
+
 def _not_specialized(kernel: Any) -> set[str]:
     """The parameters named in a kernel's do_not_specialize (JIT or interpreter wrapper)."""
     names = getattr(kernel, "do_not_specialize", None)
@@ -189,10 +225,11 @@ def _not_specialized(kernel: Any) -> set[str]:
     return set(names)
 
 
-def launch(spec: KernelSpec, grid: tuple[int, ...], *args: object) -> None:
-    """Launch ``spec.kernel`` with the runtime ``args`` in order and the spec's constexprs."""
+def launch(spec: KernelSpec, grid: tuple[int, ...], arguments: tuple[object, ...]) -> None:
+    """Launch ``spec.kernel`` through Triton's JIT with ``arguments`` (`KernelSpec.arguments`)
+    and the spec's constexprs."""
     spec.kernel[grid](
-        *args, **spec.constexprs, num_warps=spec.num_warps, num_stages=spec.num_stages
+        *arguments, **spec.constexprs, num_warps=spec.num_warps, num_stages=spec.num_stages
     )
 
 
@@ -283,18 +320,18 @@ class JitLaunch:
         self.spec = spec
 
     def __call__(self, grid: tuple[int, ...], *args: object) -> None:
-        launch(self.spec, grid, *args)
+        launch(self.spec, grid, args)
 
 
 class CompiledLaunch:
     """``spec`` compiled once for one device, launched through the compiled kernel's launcher.
 
-    Arguments are the runtime ones in signature order, pointers as addresses (ints, which both
-    Triton versions' launchers take as they are); the constexpr values follow them (every kernel
-    here declares its constexprs last, and the launcher takes every parameter). The caller
-    checks `aligned` first: the variant assumes what `sample_arguments` says. The launch hooks
-    and stream are the JIT's: the current stream of the current device, Triton's launch hooks
-    when any is registered (a profiler's).
+    Arguments are the runtime ones in signature order (`KernelSpec.arguments`), pointers as
+    addresses (ints, which both Triton versions' launchers take as they are); the constexpr
+    values follow them (every kernel here declares its constexprs last, and the launcher takes
+    every parameter). The caller checks `aligned` first: the variant assumes what
+    `sample_arguments` says. The launch hooks and stream are the JIT's: the current stream of
+    the current device, Triton's launch hooks when any is registered (a profiler's).
     """
 
     takes_addresses = True

@@ -9,13 +9,15 @@ these; neither reaches into the other.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
 from .._cache import PagedKVCache
 from .._errors import InvalidInputError
-from ._common import ACTIVATION_DTYPES, check_tensor, next_power_of_2, pointer
+from ._common import ACTIVATION_DTYPES, check_tensor, next_power_of_2, pointer, runtime_parameters
 
 # Scores are kept in log2 units so the softmax can use exp2.
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
@@ -290,9 +292,9 @@ def check_block_table(
 
 
 def attention_types(
-    kernel_params: str, model_dtype: torch.dtype, cache_dtype: torch.dtype, out_dtype: torch.dtype
+    kernel: Any, model_dtype: torch.dtype, cache_dtype: torch.dtype, out_dtype: torch.dtype
 ) -> dict[str, str]:
-    """Triton types of the attention kernels' runtime parameters, by name."""
+    """Triton types of an attention kernel's runtime parameters, by name."""
     quantized = cache_dtype == torch.int8
     # The INT8 kernels convert the query to fp32 first and round only their output, so they take
     # both as int16 bits and a runtime `query_bf16`: one compiled variant per model dtype pair.
@@ -327,7 +329,7 @@ def attention_types(
     }
     return {
         name: known[name] if not name.startswith("stride_") else "i64"
-        for name in kernel_params.split()
+        for name in runtime_parameters(kernel)
     }
 
 

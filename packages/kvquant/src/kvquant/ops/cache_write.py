@@ -29,6 +29,7 @@ from ._common import (
     next_power_of_2,
     page_shift,
     pointer,
+    runtime_parameters,
 )
 
 # Tokens and warps per program (benchmark_cache_write.py --sweep on the H200; DESIGN.md, "Cache
@@ -169,7 +170,7 @@ def cache_write_spec(
         )
     # A 16-bit cache has no scales: the launcher passes its K tensor for the unused pointers.
     scale = pointer(torch.float32) if quantize else pointer(cache_dtype)
-    types = {
+    known = {
         "key_ptr": pointer(model_dtype),
         "value_ptr": pointer(model_dtype),
         "slot_mapping_ptr": pointer(torch.int64),
@@ -182,19 +183,10 @@ def cache_write_spec(
         "block_size": "i32",
         "block_shift": "i32",
     }
-    for stride in [
-        "stride_key_t",
-        "stride_key_h",
-        "stride_value_t",
-        "stride_value_h",
-        "stride_kc_b",
-        "stride_kc_h",
-        "stride_vc_b",
-        "stride_vc_h",
-        "stride_scale_b",
-        "stride_scale_h",
-    ]:
-        types[stride] = "i64"
+    types = {
+        name: known[name] if not name.startswith("stride_") else "i64"
+        for name in runtime_parameters(_cache_write_kernel)
+    }
     constexprs: dict[str, int | float | bool] = {
         "HEAD_PAD": next_power_of_2(head_size),
         "BLOCK_TOKENS": _BLOCK_TOKENS,
@@ -287,16 +279,19 @@ def cache_write(
     if slot_mapping.dtype != torch.int64:  # the kernel's signature; int64 needs no copy
         slot_mapping = slot_mapping.to(torch.int64)
     grid = (-(-num_tokens // _BLOCK_TOKENS), cache.num_kv_heads)
-    sizes = (num_tokens, cache.head_size, cache.block_size, page_shift(cache.block_size))
-    strides = (
-        *key.stride()[:2],
-        *value.stride()[:2],
-        *cache.k.stride()[:2],
-        *cache.v.stride()[:2],
-        *k_scale.stride()[:2],
-    )
     launcher = kernel_launcher(spec, device)
     if launcher.takes_addresses:
+        # The compiled kernel's own launcher takes the arguments the JIT path below names, by
+        # position: binding them by name on each call would cost the host about 2 us.
+        # tests/test_decode_attention.py checks that the two paths pass the same.
+        sizes = (num_tokens, cache.head_size, cache.block_size, page_shift(cache.block_size))
+        strides = (
+            *key.stride()[:2],
+            *value.stride()[:2],
+            *cache.k.stride()[:2],
+            *cache.v.stride()[:2],
+            *k_scale.stride()[:2],
+        )
         pointers = (
             key.data_ptr(),
             value.data_ptr(),
@@ -315,6 +310,27 @@ def cache_write(
             launcher(grid, *pointers, *sizes, *strides)
             return
     # Triton's JIT: under the interpreter, or strides the compiled variant does not assume.
-    launch(
-        spec, grid, key, value, slot_mapping, cache.k, cache.v, k_scale, v_scale, *sizes, *strides
+    arguments = spec.arguments(
+        key_ptr=key,
+        value_ptr=value,
+        slot_mapping_ptr=slot_mapping,
+        k_cache_ptr=cache.k,
+        v_cache_ptr=cache.v,
+        k_scale_ptr=k_scale,
+        v_scale_ptr=v_scale,
+        num_tokens=num_tokens,
+        head_size=cache.head_size,
+        block_size=cache.block_size,
+        block_shift=page_shift(cache.block_size),
+        stride_key_t=key.stride(0),
+        stride_key_h=key.stride(1),
+        stride_value_t=value.stride(0),
+        stride_value_h=value.stride(1),
+        stride_kc_b=cache.k.stride(0),
+        stride_kc_h=cache.k.stride(1),
+        stride_vc_b=cache.v.stride(0),
+        stride_vc_h=cache.v.stride(1),
+        stride_scale_b=k_scale.stride(0),
+        stride_scale_h=k_scale.stride(1),
     )
+    launch(spec, grid, arguments)

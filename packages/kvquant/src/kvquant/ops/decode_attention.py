@@ -1,15 +1,16 @@
-"""Paged decode attention over the INT8 (or 16-bit) cache, with split-KV: kernels, specs, plans.
+"""Paged decode attention over the INT8 (or 16-bit) cache, with split-KV: kernels and specs.
 
 A program owns one kv head and the query heads that share it, so each K/V byte is loaded once per
 tile, and walks KV tiles of TILE_N tokens (``load_tile``) with an online softmax. Decode has only
 the group's few query heads, so it puts the keys along the dots' M dimension and the query heads
 along N (``_decode_tiles``), and on CUDA one warp owns a program. A program covers one split of
-its sequence's tiles and writes an unnormalised partial result; ``_reduce_splits_kernel``
-combines them (flash-decoding). With one split (batches that fill the device alone) the decode
-writes the result and no reducer runs. Split count (`_splits`), GQA ratio, softcap and sliding
-window are runtime arguments, so one compiled variant per head size, block size and dtypes serves
-every call and every GQA ratio that pads alike (``aot_specs``). A launch shape is a
-`DecodeConfig`: `decode_config` chooses it, a sweep passes its own.
+its sequence's tiles and writes an unnormalised partial result; the split reducer
+(`_reduce_splits`) combines them (flash-decoding). With one split (batches that fill the device
+alone) the decode writes the result and no reducer runs. Split count (`_splits`), GQA ratio,
+softcap and sliding window are runtime arguments, so one compiled variant per head size, block
+size and dtypes serves every call and every GQA ratio that pads alike (``aot_specs``). A launch
+shape is a `DecodeConfig`: `decode_config` chooses it, a sweep passes its own. The launches are
+`_decode_plan`'s: a `DecodePlan` per batch shape, and `decode_attention` for one call.
 
 INT8 specifics (why they are done this way):
 - Both dots run on int8 codes with int32 accumulation, exact: no code is converted to a float
@@ -34,32 +35,14 @@ INT8 specifics (why they are done this way):
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .._cache import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES, PagedKVCache
 from .._errors import InvalidInputError
-from ._common import (
-    ACTIVATION_DTYPES,
-    CompiledLaunch,
-    JitLaunch,
-    KernelSpec,
-    aligned,
-    check_runnable,
-    check_target,
-    clear_launch_caches,
-    kernel_launcher,
-    launch,
-    make_spec,
-    next_power_of_2,
-    page_shift,
-    resident_programs,
-    runtime_target,
-)
+from ._common import KernelSpec, check_target, make_spec, next_power_of_2
 from ._paged_tiles import (
     FREE_STRIDES,
     LOG2E,
@@ -67,20 +50,15 @@ from ._paged_tiles import (
     apply_softcap,
     as_output,
     attention_types,
-    check_attention_inputs,
-    check_block_table,
     dot_16bit,
     float_from_bits,
-    index_tensor,
-    kernel_operand,
     load_tile,
-    scale_tensors,
     shared_constexprs,
     softmax_step,
     v_weights,
     widen_codes,
 )
-from ._splits import choose_num_splits
+from ._reduce_splits import reduce_spec
 
 # The fp16 P x V decode (USE_FP16_PV) moves its running max only when a tile's scores pass it by
 # more than this (log2 units), and its V reference only when a tile's V scale passes it: P then
@@ -132,8 +110,6 @@ _FP16_PV_COLUMNS_MAX = 32
 # bytes there with 3.9, head 256 up to 400 (4 warps: 248). Chosen on resource use; not timed.
 _FP16_PV_ACC_ELEMENTS = 64
 _FP16_PV_V_LOAD_COLUMNS = 2048
-# Slots assumed under the interpreter (no device to ask); small, so CPU tests still split.
-_INTERPRETER_SLOTS = 64
 # Warps of the HIP decode, as the prefill's were on the H200 when both took 4 warps
 # (DESIGN.md, "Launch shape per geometry"): 4 warps beat 8 by 40-70%. Not timed on a gfx90a.
 _NUM_WARPS_HIP = 4
@@ -147,8 +123,6 @@ _DECODE_STAGES = 3
 # waves at 1 stage. Chosen on resource use; not timed on a gfx90a (none is reachable from this
 # project).
 _NUM_STAGES_HIP = 1
-# Splits the reducer combines per step; the split count itself is a runtime argument.
-_SPLIT_TILE = 16
 
 
 @triton.jit
@@ -477,83 +451,6 @@ def _decode_kernel(
         )
 
 
-@triton.jit(do_not_specialize=["num_splits"])
-def _reduce_splits_kernel(
-    out_ptr,  # [num_seqs, num_q_heads, head_size] query dtype
-    partial_acc_ptr,  # [num_seqs, num_q_heads, num_splits, head_size] fp32
-    partial_max_ptr,  # [num_seqs, num_q_heads, num_splits] fp32, log2 units
-    partial_sum_ptr,  # [num_seqs, num_q_heads, num_splits] fp32
-    num_splits,
-    head_size,  # a multiple of 16, <= HEAD_PAD
-    stride_o_t: tl.int64,
-    stride_o_h: tl.int64,
-    HEAD_PAD: tl.constexpr,
-    SPLIT_TILE: tl.constexpr,
-):
-    """One (sequence, query head): combine the splits' partial results in one pass.
-
-    Each step loads SPLIT_TILE splits' max, sum and accumulator together and rescales what came
-    before to the new running max, so the common case (at most SPLIT_TILE splits) waits for one
-    round of loads, not two.
-    """
-    token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    splits = tl.arange(0, SPLIT_TILE)
-    dims = tl.arange(0, HEAD_PAD)
-    base = (token * tl.num_programs(1) + head) * num_splits
-    running_max = tl.full([], float("-inf"), tl.float32)
-    total = tl.zeros([], tl.float32)
-    result = tl.zeros([HEAD_PAD], tl.float32)
-    for start in range(0, num_splits, SPLIT_TILE):
-        split_valid = start + splits < num_splits
-        index = base + start + splits
-        split_max = tl.load(partial_max_ptr + index, mask=split_valid, other=float("-inf"))
-        split_sum = tl.load(partial_sum_ptr + index, mask=split_valid, other=0.0)
-        split_acc = tl.load(
-            partial_acc_ptr + index[:, None] * head_size + dims[None, :],
-            mask=split_valid[:, None] & (dims[None, :] < head_size),
-            other=0.0,
-        )
-        new_max = tl.maximum(running_max, tl.max(split_max, axis=0))
-        # Every split so far empty (max -inf): any finite reference keeps the weights at 0.
-        reference = tl.where(new_max == float("-inf"), 0.0, new_max)
-        correction = tl.exp2(running_max - reference)
-        weight = tl.exp2(split_max - reference)  # an empty split has max -inf: weight 0
-        total = total * correction + tl.sum(split_sum * weight, axis=0)
-        result = result * correction + tl.sum(split_acc * weight[:, None], axis=0)
-        running_max = new_max
-    tl.store(
-        out_ptr + token * stride_o_t + head * stride_o_h + dims,
-        (result / total).to(out_ptr.dtype.element_ty),
-        mask=dims < head_size,
-    )
-
-
-@functools.cache
-def _multiprocessor_count(device_index: int) -> int:
-    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
-
-
-_decode_slots: dict[tuple[Any, ...], int] = {}
-
-
-def _device_slots(spec: KernelSpec, device: torch.device) -> int:
-    """Programs of ``spec`` the device holds at once (its kernel compiled once, per device)."""
-    if device.type != "cuda":
-        return _INTERPRETER_SLOTS
-    key = (
-        spec.name,
-        tuple(sorted(spec.constexprs.items())),
-        spec.num_warps,
-        spec.num_stages,
-        device.index,
-    )
-    if key not in _decode_slots:
-        per_sm = resident_programs(spec, device)
-        _decode_slots[key] = per_sm * _multiprocessor_count(device.index or 0)
-    return _decode_slots[key]
-
-
 def _decode_stages(target: str) -> int:
     return _NUM_STAGES_HIP if target == "hip" else _DECODE_STAGES
 
@@ -601,26 +498,6 @@ def _fp16_pv_shape(head_pad: int, columns: int, v_pagewise: bool) -> tuple[int, 
     num_warps = max(2, head_pad * columns // (32 * _FP16_PV_ACC_ELEMENTS))
     halve = head_pad > 128 or (not v_pagewise and head_pad * columns > _FP16_PV_V_LOAD_COLUMNS)
     return _DECODE_TILE_N_MAX // (2 if halve else 1), num_warps
-
-
-def _head_blocks(gqa: int, columns: int) -> int:
-    """Programs that share one kv head's group (the kernel derives the same from its arguments)."""
-    return -(-gqa // columns)
-
-
-_RUNTIME_PARAMS = {
-    "decode_attention": (
-        "out_ptr partial_acc_ptr partial_max_ptr partial_sum_ptr q_ptr k_ptr v_ptr k_scale_ptr "
-        "v_scale_ptr block_table_ptr seq_lens_ptr softmax_scale softcap sliding_window "
-        "num_splits tiles_per_split group query_bf16 block_size block_shift stride_q_t stride_q_h "
-        "stride_o_t stride_o_h stride_k_b stride_k_h stride_v_b stride_v_h stride_s_b stride_s_h "
-        "stride_bt"
-    ),
-    "reduce_splits": (
-        "out_ptr partial_acc_ptr partial_max_ptr partial_sum_ptr num_splits head_size stride_o_t "
-        "stride_o_h"
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -723,9 +600,7 @@ def decode_spec(
     constexprs["TILE_N"] = config.tile_n
     constexprs["ONE_SPLIT"] = one_split
     constexprs["USE_FP16_PV"] = config.fp16_pv
-    types = attention_types(
-        _RUNTIME_PARAMS["decode_attention"], model_dtype, cache_dtype, out_dtype or model_dtype
-    )
+    types = attention_types(_decode_kernel, model_dtype, cache_dtype, out_dtype or model_dtype)
     return make_spec(
         "decode_attention_one_split" if one_split else "decode_attention",
         _decode_kernel,
@@ -735,30 +610,6 @@ def decode_spec(
         num_stages=config.num_stages,
         unaligned=FREE_STRIDES,
     )
-
-
-@functools.cache
-def reduce_spec(
-    *, head_size: int, model_dtype: torch.dtype, out_dtype: torch.dtype | None = None
-) -> KernelSpec:
-    """The split reducer the launcher compiles (the same on every target)."""
-    types = attention_types(
-        _RUNTIME_PARAMS["reduce_splits"], model_dtype, model_dtype, out_dtype or model_dtype
-    )
-    constexprs: dict[str, int | float | bool] = {
-        "HEAD_PAD": next_power_of_2(head_size),
-        "SPLIT_TILE": _SPLIT_TILE,
-    }
-    return make_spec(
-        "reduce_splits", _reduce_splits_kernel, types, constexprs, num_warps=4, num_stages=1
-    )
-
-
-def clear_plan_caches() -> None:
-    """Forget plans and their launchers (tests that switch `_common.DIRECT_LAUNCH`)."""
-    _plan.cache_clear()
-    _decode_slots.clear()
-    clear_launch_caches()
 
 
 def aot_specs(
@@ -791,520 +642,3 @@ def aot_specs(
         decode_spec(**geometry, one_split=True),
         reduce_spec(head_size=head_size, model_dtype=model_dtype),
     ]
-
-
-def decode_attention(
-    query: torch.Tensor,
-    cache: PagedKVCache,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    softmax_scale: float,
-    *,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    out: torch.Tensor | None = None,
-    max_seq_len: int | None = None,
-    num_splits: int | None = None,
-    validate: bool = True,
-    config: DecodeConfig | None = None,
-) -> torch.Tensor:
-    """Attention of one new query token per sequence over its paged K/V.
-
-    Launches through the `DecodePlan` of the call's shapes (`plan_decode`, cached), with split
-    partials allocated per call; a caller that launches the same shapes repeatedly, or inside a
-    CUDA/HIP graph, holds the plan and its scratch itself (`DecodePlan.run`).
-
-    Args:
-        query: ``[num_seqs, num_q_heads, head_size]`` fp16/bf16; query head h uses kv head
-            ``h // (num_q_heads // num_kv_heads)``.
-        block_table: int32 ``[num_seqs, max_pages]``: page i of a sequence holds its keys
-            ``i * block_size ...``.
-        seq_lens: ``[num_seqs]`` keys per sequence (>= 1), the query token's own included.
-        sliding_window: attend only the newest ``sliding_window`` keys.
-        softcap: logits become ``softcap * tanh(logits / softcap)``.
-        max_seq_len: upper bound of seq_lens, sizes split-KV; read from seq_lens if None. Keys
-            past it are not attended.
-        num_splits: force a split-KV count (tests); chosen by ``choose_num_splits`` if None.
-        validate: check seq_lens and block_table on the device first (one host sync).
-        config: the launch shape (sweeps); `decode_config`'s if None.
-
-    Returns:
-        ``out`` (allocated if None), ``[num_seqs, num_q_heads, head_size]`` in query's dtype.
-    """
-    check_attention_inputs(
-        query, cache, block_table, seq_lens, softmax_scale, sliding_window, softcap, out
-    )
-    num_seqs = seq_lens.shape[0]
-    if query.shape[0] != num_seqs:
-        raise InvalidInputError(
-            f"`query` has {query.shape[0]} tokens; decode expects one per sequence ({num_seqs})"
-        )
-    if validate:
-        checked_max = check_block_table(cache, block_table, seq_lens)
-        if num_seqs and int(seq_lens.min()) < 1:
-            raise InvalidInputError("`seq_lens` holds 0; decode needs >= 1 key per sequence")
-        if max_seq_len is not None and checked_max > max_seq_len:
-            raise InvalidInputError(
-                f"`max_seq_len` is {max_seq_len}; `seq_lens` holds {checked_max}"
-            )
-        max_seq_len = checked_max if max_seq_len is None else max_seq_len
-    check_runnable("query", query)
-    result = out if out is not None else torch.empty_like(query)
-    if num_seqs == 0:
-        return result
-    if max_seq_len is None:
-        max_seq_len = int(seq_lens.max())
-    plan = plan_decode(
-        num_seqs=num_seqs,
-        max_seq_len=max(max_seq_len, 1),
-        num_q_heads=query.shape[1],
-        num_kv_heads=cache.num_kv_heads,
-        head_size=cache.head_size,
-        block_size=cache.block_size,
-        model_dtype=query.dtype,
-        cache_dtype=cache.dtype,
-        device=query.device,
-        out_dtype=result.dtype,
-        sliding_window=sliding_window,
-        num_splits=num_splits,
-        config=config,
-    )
-    seq_lens = index_tensor(seq_lens)
-    return plan.run(query, cache, block_table, seq_lens, softmax_scale, softcap=softcap, out=result)
-
-
-@dataclass(frozen=True)
-class DecodePlan:
-    """One decode launch, fixed for a batch size, a longest context and a geometry.
-
-    Built by `plan_decode`, which decides once what depends only on those: the split count and
-    tiles per split, the grids, the compiled kernels and how they are launched, and the scratch
-    the split partials need (``scratch_elements`` fp32 values, 0 for one split). ``run`` reads
-    no tensor on the host and, given ``out`` and ``scratch``, allocates nothing, so a CUDA or
-    HIP graph can capture it once and be replayed with new contents of the query, block table
-    and seq_lens: any lengths from 1 to ``max_seq_len``, and 0 for a padding row, whose output
-    is not defined. A replay computes exactly what ``run`` computes eagerly with the same plan.
-
-    Plans are immutable and cached by `plan_decode`; the scratch is the caller's, so plans whose
-    launches run in stream order (one model's layers, one step after the other) can share one
-    buffer of the largest ``scratch_elements``, as vLLM's Triton backend shares its own.
-    """
-
-    num_seqs: int
-    max_seq_len: int  # the longest sequence served: a multiple of the KV tile
-    num_q_heads: int
-    num_kv_heads: int
-    head_size: int
-    block_size: int
-    model_dtype: torch.dtype
-    cache_dtype: torch.dtype
-    out_dtype: torch.dtype
-    device: torch.device
-    sliding_window: int | None
-    config: DecodeConfig
-    num_splits: int
-    tiles_per_split: int
-    scratch_elements: int
-    _decode: JitLaunch | CompiledLaunch = field(repr=False)
-    _reduce: JitLaunch | CompiledLaunch = field(repr=False)
-    _direct: bool = field(repr=False)  # both launch compiled kernels, pointers as addresses
-    # Launch constants: the grids, and the decode's scalar arguments after the softcap.
-    _decode_grid: tuple[int, int, int] = field(repr=False)
-    _reduce_grid: tuple[int, int] = field(repr=False)
-    _decode_scalars: tuple[int, ...] = field(repr=False)
-    _stats_offset: int = field(repr=False)  # where the partial maxima and sums start in scratch
-    _stats_padded: int = field(repr=False)
-
-    @property
-    def fp16_pv(self) -> bool:
-        """Whether the INT8 decode's P x V dot runs in fp16 (`DecodeConfig`)."""
-        return self.config.fp16_pv
-
-    def new_scratch(self) -> torch.Tensor | None:
-        """A scratch buffer for ``run`` (None when the plan has one split and needs none)."""
-        if not self.scratch_elements:
-            return None
-        return torch.empty(self.scratch_elements, dtype=torch.float32, device=self.device)
-
-    def run(
-        self,
-        query: torch.Tensor,
-        cache: PagedKVCache,
-        block_table: torch.Tensor,
-        seq_lens: torch.Tensor,
-        softmax_scale: float,
-        *,
-        softcap: float | None = None,
-        out: torch.Tensor | None = None,
-        scratch: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The decode of `decode_attention` with this plan's shapes, without validation.
-
-        Args:
-            query: ``[num_seqs, num_q_heads, head_size]`` in ``model_dtype``.
-            block_table: int32 ``[num_seqs, pages]``, contiguous rows; every page a sequence's
-                length reaches must lie in the cache (not checked).
-            seq_lens: int32 ``[num_seqs]``, at most ``max_seq_len`` (not checked).
-            out: ``[num_seqs, num_q_heads, head_size]`` in ``out_dtype``; allocated if None.
-            scratch: fp32, at least ``scratch_elements`` values, for more than one split;
-                allocated if None. Its contents are overwritten.
-
-        Raises:
-            InvalidInputError: a tensor's shape, dtype or device is not the plan's.
-        """
-        self._check_inputs(query, cache, block_table, seq_lens, softmax_scale, out, scratch)
-        if out is None:
-            out = torch.empty(query.shape, dtype=self.out_dtype, device=self.device)
-        if not self.scratch_elements:
-            scratch = None  # one split: the decode writes the result, no partials
-        elif scratch is None:
-            scratch = self.new_scratch()
-        k_scale, v_scale = scale_tensors(cache)
-        strides = (
-            *query.stride()[:2],
-            *out.stride()[:2],
-            *cache.k.stride()[:2],
-            *cache.v.stride()[:2],
-            *k_scale.stride()[:2],
-        )
-        tensors = (out, query, cache.k, cache.v, k_scale, v_scale, block_table, seq_lens)
-        scalars = (softmax_scale, softcap or 0.0)
-        if not (self._direct and self._launch_compiled(tensors, scratch, scalars, strides)):
-            self._launch_jit(tensors, cache, scratch, scalars, strides)
-        return out
-
-    def _launch_compiled(
-        self,
-        tensors: tuple[torch.Tensor, ...],
-        scratch: torch.Tensor | None,
-        scalars: tuple[float, float],
-        strides: tuple[int, ...],
-    ) -> bool:
-        """Launch the compiled kernels, pointers as addresses; False (nothing launched) when an
-        address or stride is not a multiple of 16, as the compiled variant assumes."""
-        o, q, k, v, ks, vs, bt, sl = [tensor.data_ptr() for tensor in tensors]
-        acc = o if scratch is None else scratch.data_ptr()
-        maxes = acc + 4 * self._stats_offset
-        sums = maxes + 4 * self._stats_padded
-        sizes = 0
-        for size in strides:
-            sizes |= size
-        if not aligned(o | q | k | v | ks | vs | bt | sl | acc, sizes):
-            return False
-        block_table_stride = tensors[6].stride(0)
-        self._decode(
-            self._decode_grid, o, acc, maxes, sums, q, k, v, ks, vs, bt, sl, *scalars,
-            *self._decode_scalars, *strides, block_table_stride,
-        )  # fmt: skip
-        if scratch is not None:
-            self._reduce(
-                self._reduce_grid, o, acc, maxes, sums, self.num_splits, self.head_size,
-                *strides[2:4],
-            )  # fmt: skip
-        return True
-
-    def _launch_jit(
-        self,
-        tensors: tuple[torch.Tensor, ...],
-        cache: PagedKVCache,
-        scratch: torch.Tensor | None,
-        scalars: tuple[float, float],
-        strides: tuple[int, ...],
-    ) -> None:
-        """Launch through Triton's JIT: under the interpreter, or for arguments the compiled
-        variant does not assume (the JIT compiles the variant they need)."""
-        out, query, k, v, k_scale, v_scale, block_table, seq_lens = tensors
-        partials = (out, out, out)
-        if scratch is not None:
-            stats = self._stats_offset
-            partials = (scratch, scratch[stats:], scratch[stats + self._stats_padded :])
-        launch(
-            decode_spec(
-                **self._geometry(),
-                out_dtype=self.out_dtype,
-                one_split=scratch is None,
-                config=self.config,
-            ),
-            self._decode_grid,
-            kernel_operand(out, cache), *partials, kernel_operand(query, cache), k, v, k_scale,
-            v_scale, block_table, seq_lens, *scalars, *self._decode_scalars, *strides,
-            block_table.stride(0),
-        )  # fmt: skip
-        if scratch is not None:
-            launch(
-                reduce_spec(
-                    head_size=self.head_size, model_dtype=self.model_dtype, out_dtype=self.out_dtype
-                ),
-                self._reduce_grid,
-                out, *partials, self.num_splits, self.head_size, *strides[2:4],
-            )  # fmt: skip
-
-    def _geometry(self) -> dict[str, Any]:
-        return {
-            "head_size": self.head_size,
-            "block_size": self.block_size,
-            "gqa": self.num_q_heads // self.num_kv_heads,
-            "model_dtype": self.model_dtype,
-            "cache_dtype": self.cache_dtype,
-            "target": runtime_target(self.device),
-        }
-
-    def _check_inputs(
-        self,
-        query: torch.Tensor,
-        cache: PagedKVCache,
-        block_table: torch.Tensor,
-        seq_lens: torch.Tensor,
-        softmax_scale: float,
-        out: torch.Tensor | None,
-        scratch: torch.Tensor | None,
-    ) -> None:
-        """What a launch with this plan's compiled variant needs of its tensors (shapes, dtypes,
-        devices), each a one-line error; the values in them are not read."""
-        shape = (self.num_seqs, self.num_q_heads, self.head_size)
-        device = self.device
-        for name, tensor, dtype, wanted in (
-            ("query", query, self.model_dtype, shape),
-            ("out", out, self.out_dtype, shape),
-            ("seq_lens", seq_lens, torch.int32, (self.num_seqs,)),
-        ):
-            if tensor is not None and (
-                tensor.shape != wanted or tensor.dtype != dtype or tensor.device != device
-            ):
-                raise InvalidInputError(
-                    f"`{name}` is {tensor.dtype} {tuple(tensor.shape)} on {tensor.device}; this "
-                    f"decode plan takes {dtype} {wanted} on {device}"
-                )
-        if query.stride(-1) != 1 or (out is not None and out.stride(-1) != 1):
-            raise InvalidInputError("`query`/`out` must have a contiguous last (head) dimension")
-        page = (self.num_kv_heads, self.block_size, self.head_size)
-        if cache.k.shape[1:] != page or cache.dtype != self.cache_dtype or cache.device != device:
-            raise InvalidInputError(
-                f"`cache` holds {cache.dtype} pages of {tuple(cache.k.shape[1:])} (kv heads, "
-                f"block, head) on {cache.device}; this decode plan takes {self.cache_dtype} "
-                f"{page} on {device}"
-            )
-        if (
-            block_table.dtype != torch.int32
-            or block_table.dim() != 2
-            or block_table.shape[0] != self.num_seqs
-            or block_table.stride(-1) != 1
-            or block_table.device != device
-        ):
-            raise InvalidInputError(
-                f"`block_table` is {block_table.dtype} {tuple(block_table.shape)} on "
-                f"{block_table.device}; this decode plan takes int32 ({self.num_seqs}, pages), "
-                f"rows contiguous, on {device}"
-            )
-        if (
-            scratch is not None
-            and self.scratch_elements
-            and (
-                scratch.dtype != torch.float32
-                or scratch.numel() < self.scratch_elements
-                or scratch.device != device
-                or not scratch.is_contiguous()
-            )
-        ):
-            raise InvalidInputError(
-                f"`scratch` is {scratch.dtype} with {scratch.numel()} values on {scratch.device}; "
-                f"this decode plan needs contiguous float32, >= {self.scratch_elements} values, "
-                f"on {device}"
-            )
-        if not softmax_scale > 0:
-            raise InvalidInputError(f"`softmax_scale` is {softmax_scale}; expected > 0")
-
-
-def plan_decode(
-    *,
-    num_seqs: int,
-    max_seq_len: int,
-    num_q_heads: int,
-    num_kv_heads: int,
-    head_size: int,
-    block_size: int,
-    model_dtype: torch.dtype,
-    cache_dtype: torch.dtype,
-    device: torch.device | str,
-    out_dtype: torch.dtype | None = None,
-    sliding_window: int | None = None,
-    num_splits: int | None = None,
-    config: DecodeConfig | None = None,
-) -> DecodePlan:
-    """The `DecodePlan` of a decode of ``num_seqs`` sequences of at most ``max_seq_len`` keys.
-
-    Compiles the kernels for ``device`` (once per geometry) and, when ``num_splits`` is None,
-    chooses the split count with `choose_num_splits`, from the device's program slots. Cached:
-    lengths that round up to the same number of KV tiles share one plan.
-
-    Args:
-        out_dtype: the output's dtype, ``model_dtype`` if None (float32 for tests).
-        sliding_window: the window the plan's launches apply, as in `decode_attention`.
-        num_splits: force a split-KV count (rounded so that no split is empty).
-        config: the launch shape, `decode_config`'s if None (e.g. ``decode_config(...,
-            fp16_pv=True)`` forces the INT8 decode's P x V dot in fp16, CUDA only).
-    """
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    _check_plan(
-        num_seqs, max_seq_len, num_q_heads, num_kv_heads, head_size, block_size, model_dtype,
-        cache_dtype, out_dtype, sliding_window, num_splits,
-    )  # fmt: skip
-    target = runtime_target(device)
-    if config is None:
-        config = decode_config(
-            head_size=head_size,
-            block_size=block_size,
-            gqa=num_q_heads // num_kv_heads,
-            cache_dtype=cache_dtype,
-            target=target,
-        )
-    return _plan(
-        num_seqs,
-        -(-max_seq_len // config.tile_n) * config.tile_n,
-        num_q_heads,
-        num_kv_heads,
-        head_size,
-        block_size,
-        model_dtype,
-        cache_dtype,
-        device,
-        out_dtype or model_dtype,
-        sliding_window,
-        num_splits,
-        config,
-    )
-
-
-@functools.lru_cache(maxsize=1024)
-def _plan(
-    num_seqs: int,
-    max_seq_len: int,
-    num_q_heads: int,
-    num_kv_heads: int,
-    head_size: int,
-    block_size: int,
-    model_dtype: torch.dtype,
-    cache_dtype: torch.dtype,
-    device: torch.device,
-    out_dtype: torch.dtype,
-    sliding_window: int | None,
-    num_splits: int | None,
-    config: DecodeConfig,
-) -> DecodePlan:
-    gqa = num_q_heads // num_kv_heads
-    geometry = {
-        "head_size": head_size,
-        "block_size": block_size,
-        "gqa": gqa,
-        "model_dtype": model_dtype,
-        "cache_dtype": cache_dtype,
-        "target": runtime_target(device),
-    }
-    decode = decode_spec(**geometry, out_dtype=out_dtype, config=config)
-    one_split = decode_spec(**geometry, out_dtype=out_dtype, one_split=True, config=config)
-    tile_n = config.tile_n
-    span = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window + tile_n)
-    num_tiles = max(triton.cdiv(span, tile_n), 1)
-    programs_per_seq = num_kv_heads * _head_blocks(gqa, config.columns)
-    if num_splits is None:
-        num_splits = choose_num_splits(
-            num_seqs * programs_per_seq,
-            num_tiles,
-            _device_slots(decode, device),
-            _device_slots(one_split, device),
-        )
-    num_splits = max(1, min(num_splits, num_tiles))
-    tiles_per_split = triton.cdiv(num_tiles, num_splits)
-    num_splits = triton.cdiv(num_tiles, tiles_per_split)  # no split is left empty
-    reduce = reduce_spec(head_size=head_size, model_dtype=model_dtype, out_dtype=out_dtype)
-    # Scratch: partial accumulators [seqs, q heads, splits, head], then the partial maxima and
-    # sums [seqs, q heads, splits], each starting 16-byte aligned.
-    stats = num_seqs * num_q_heads * num_splits if num_splits > 1 else 0
-    stats_padded = -(-stats // 4) * 4
-    decode_launch = kernel_launcher(one_split if num_splits == 1 else decode, device)
-    reduce_launch = kernel_launcher(reduce, device)
-    return DecodePlan(
-        num_seqs=num_seqs,
-        max_seq_len=max_seq_len,
-        num_q_heads=num_q_heads,
-        num_kv_heads=num_kv_heads,
-        head_size=head_size,
-        block_size=block_size,
-        model_dtype=model_dtype,
-        cache_dtype=cache_dtype,
-        out_dtype=out_dtype,
-        device=device,
-        sliding_window=sliding_window,
-        config=config,
-        num_splits=num_splits,
-        tiles_per_split=tiles_per_split,
-        scratch_elements=stats * head_size + 2 * stats_padded,
-        _decode=decode_launch,
-        _reduce=reduce_launch,
-        _direct=decode_launch.takes_addresses and reduce_launch.takes_addresses,
-        _decode_grid=(num_seqs, programs_per_seq, num_splits),
-        _reduce_grid=(num_seqs, num_q_heads),
-        _decode_scalars=(
-            sliding_window or 0,
-            num_splits,
-            tiles_per_split,
-            gqa,
-            int(model_dtype == torch.bfloat16),  # query_bf16
-            block_size,
-            page_shift(block_size),
-        ),
-        _stats_offset=stats * head_size,
-        _stats_padded=stats_padded,
-    )
-
-
-def _check_plan(
-    num_seqs: int,
-    max_seq_len: int,
-    num_q_heads: int,
-    num_kv_heads: int,
-    head_size: int,
-    block_size: int,
-    model_dtype: torch.dtype,
-    cache_dtype: torch.dtype,
-    out_dtype: torch.dtype | None,
-    sliding_window: int | None,
-    num_splits: int | None,
-) -> None:
-    for name, value in (
-        ("num_seqs", num_seqs),
-        ("max_seq_len", max_seq_len),
-        ("num_kv_heads", num_kv_heads),
-    ):
-        if value < 1:
-            raise InvalidInputError(f"`{name}` is {value}; expected >= 1")
-    if num_q_heads < 1 or num_q_heads % num_kv_heads:
-        raise InvalidInputError(
-            f"`num_q_heads` is {num_q_heads}; expected a multiple of num_kv_heads {num_kv_heads}"
-        )
-    if head_size not in SUPPORTED_HEAD_SIZES:
-        raise InvalidInputError(
-            f"`head_size` is {head_size}; expected one of {SUPPORTED_HEAD_SIZES}"
-        )
-    if block_size not in SUPPORTED_BLOCK_SIZES:
-        raise InvalidInputError(
-            f"`block_size` is {block_size}; expected one of {SUPPORTED_BLOCK_SIZES}"
-        )
-    if model_dtype not in ACTIVATION_DTYPES:
-        raise InvalidInputError(
-            f"`model_dtype` is {model_dtype}; expected one of {ACTIVATION_DTYPES}"
-        )
-    if cache_dtype not in (torch.int8, model_dtype):
-        raise InvalidInputError(
-            f"`cache_dtype` is {cache_dtype}; expected torch.int8 or the model dtype {model_dtype}"
-        )
-    if out_dtype not in (None, model_dtype, torch.float32):
-        raise InvalidInputError(
-            f"`out_dtype` is {out_dtype}; expected the model dtype {model_dtype} or torch.float32"
-        )
-    if sliding_window is not None and sliding_window < 1:
-        raise InvalidInputError(f"`sliding_window` is {sliding_window}; expected >= 1 or None")
-    if num_splits is not None and num_splits < 1:
-        raise InvalidInputError(f"`num_splits` is {num_splits}; expected >= 1 or None")

@@ -122,13 +122,6 @@ _CONFIG_HIP_HEAD_256 = PrefillConfig(rows=32, tile_n=32, num_warps=8, num_stages
 # The interpreter: small tiles, so CPU tests still cross tiles and the causal diagonal.
 _CONFIG_INTERPRETER = PrefillConfig(rows=64, tile_n=64, num_warps=4, num_stages=1)
 
-_RUNTIME_PARAMS = (
-    "out_ptr q_ptr k_ptr v_ptr k_scale_ptr v_scale_ptr block_table_ptr seq_lens_ptr "
-    "cu_seqlens_q_ptr tile_seq_ptr tile_start_ptr softmax_scale softcap sliding_window group "
-    "block_q query_bf16 block_size block_shift stride_q_t stride_q_h stride_o_t stride_o_h "
-    "stride_k_b stride_k_h stride_v_b stride_v_h stride_s_b stride_s_h stride_bt"
-)
-
 
 @triton.jit
 def _query_operand(q, query_bf16, softmax_scale, softcap, QUANTIZED: tl.constexpr):
@@ -377,7 +370,7 @@ def prefill_spec(
     constexprs["ROWS"] = max(next_power_of_2(gqa), config.rows)
     constexprs["TILE_N"] = config.tile_n
     constexprs["WIDEN_PTX"] = target == "cuda"
-    types = attention_types(_RUNTIME_PARAMS, model_dtype, cache_dtype, out_dtype or model_dtype)
+    types = attention_types(_prefill_kernel, model_dtype, cache_dtype, out_dtype or model_dtype)
     return make_spec(
         "prefill_attention",
         _prefill_kernel,
@@ -433,12 +426,12 @@ class PrefillPlan:
 
     spec: KernelSpec
     grid: tuple[int, int]
-    args: tuple[object, ...]
+    args: tuple[object, ...]  # `KernelSpec.arguments`: in the kernel's order
     out: torch.Tensor
 
     def run(self) -> torch.Tensor:
         if self.grid[0]:
-            launch(self.spec, self.grid, *self.args)
+            launch(self.spec, self.grid, self.args)
         return self.out
 
 
@@ -494,37 +487,37 @@ def plan_prefill(
             tile_seq.append(i)
             tile_start.append(start)
     k_scale, v_scale = scale_tensors(cache)
-    args = (
-        kernel_operand(result, cache),
-        kernel_operand(query, cache),
-        cache.k,
-        cache.v,
-        k_scale,
-        v_scale,
-        block_table,
-        index_tensor(seq_lens),
-        index_tensor(cu_seqlens_q),
-        torch.tensor(tile_seq, dtype=torch.int32, device=cache.device),
-        torch.tensor(tile_start, dtype=torch.int32, device=cache.device),
-        softmax_scale,
-        softcap or 0.0,
-        sliding_window or 0,
-        geometry["gqa"],
-        block_q,
-        query_is_bf16(query),
-        cache.block_size,
-        page_shift(cache.block_size),
-        query.stride(0),
-        query.stride(1),
-        result.stride(0),
-        result.stride(1),
-        cache.k.stride(0),
-        cache.k.stride(1),
-        cache.v.stride(0),
-        cache.v.stride(1),
-        k_scale.stride(0),
-        k_scale.stride(1),
-        block_table.stride(0),
+    args = spec.arguments(
+        out_ptr=kernel_operand(result, cache),
+        q_ptr=kernel_operand(query, cache),
+        k_ptr=cache.k,
+        v_ptr=cache.v,
+        k_scale_ptr=k_scale,
+        v_scale_ptr=v_scale,
+        block_table_ptr=block_table,
+        seq_lens_ptr=index_tensor(seq_lens),
+        cu_seqlens_q_ptr=index_tensor(cu_seqlens_q),
+        tile_seq_ptr=torch.tensor(tile_seq, dtype=torch.int32, device=cache.device),
+        tile_start_ptr=torch.tensor(tile_start, dtype=torch.int32, device=cache.device),
+        softmax_scale=softmax_scale,
+        softcap=softcap or 0.0,
+        sliding_window=sliding_window or 0,
+        group=geometry["gqa"],
+        block_q=block_q,
+        query_bf16=query_is_bf16(query),
+        block_size=cache.block_size,
+        block_shift=page_shift(cache.block_size),
+        stride_q_t=query.stride(0),
+        stride_q_h=query.stride(1),
+        stride_o_t=result.stride(0),
+        stride_o_h=result.stride(1),
+        stride_k_b=cache.k.stride(0),
+        stride_k_h=cache.k.stride(1),
+        stride_v_b=cache.v.stride(0),
+        stride_v_h=cache.v.stride(1),
+        stride_s_b=k_scale.stride(0),
+        stride_s_h=k_scale.stride(1),
+        stride_bt=block_table.stride(0),
     )
     return PrefillPlan(spec, (len(tile_seq), cache.num_kv_heads), args, result)
 
