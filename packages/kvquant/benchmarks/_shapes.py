@@ -81,8 +81,8 @@ class DecodeSetup:
             config=config,
         )
 
-    def plan(self, config: DecodeConfig | None = None) -> DecodePlan:
-        """The plan ``run`` launches through (its split count is the launcher's choice)."""
+    def plan(self, config: DecodeConfig | None = None, num_splits: int | None = None) -> DecodePlan:
+        """The plan ``run`` launches through (None: the launcher's split count)."""
         num_q_heads, num_kv_heads, head_size = self.geometry
         return plan_decode(
             num_seqs=self.query.shape[0],
@@ -94,6 +94,7 @@ class DecodeSetup:
             model_dtype=self.query.dtype,
             cache_dtype=self.cache.dtype,
             device=self.query.device,
+            num_splits=num_splits,
             config=config,
         )
 

@@ -388,11 +388,11 @@ def eager_ms(calls: Sequence[Callable[[], object]]) -> float:
 
 
 def planned_run(
-    setup: DecodeSetup, config: DecodeConfig | None = None
+    setup: DecodeSetup, config: DecodeConfig | None = None, num_splits: int | None = None
 ) -> tuple[Callable[[], object], DecodePlan]:
     """The decode as the vLLM plugin launches it: a DecodePlan and a scratch made once, at
-    ``config``'s launch shape (None: the shipped one)."""
-    plan = setup.plan(config)
+    ``config``'s launch shape (None: the shipped one) and ``num_splits`` (None: the launcher's)."""
+    plan = setup.plan(config, num_splits)
     run = functools.partial(
         plan.run,
         setup.query,
@@ -467,12 +467,16 @@ def int8_config(geometry: tuple[int, int, int], cap: int, choice: PvChoice) -> D
 
 
 def geometry_table(
-    column_caps: list[int], choices: list[PvChoice], groups: list[tuple[int, int]]
+    column_caps: list[int],
+    choices: list[PvChoice],
+    groups: list[tuple[int, int]],
+    split_counts: list[int],
 ) -> None:
     """Graph and eager time per call of our INT8 and 16-bit decodes (and upstream's bf16 where
     vLLM is importable) on each of GEOMETRIES x GEOMETRY_SHAPES (those of ``groups`` if any),
     once per cap on the integer decode's query-head columns (0: none; `_decode_columns`) and
-    per choice of the INT8 decode's P x V dot (--pv).
+    per choice of the INT8 decode's P x V dot (--pv) and per forced split count (--num-splits; 0:
+    the launcher's, the grid's last dimension shows the count).
 
     "graph": per call of a graph of GRAPH_CALLS decodes over GRAPH_CALLS caches, replayed.
     "eager": per call of EAGER_CALLS back-to-back launches (`eager_ms`): through the plan as the
@@ -498,12 +502,12 @@ def geometry_table(
         if not groups or geometry[:2] in groups
     ]
     baseline: dict[tuple[object, ...], dict[str, float]] = {}
-    for cap, choice in itertools.product(column_caps, choices):
+    for cap, choice, splits in itertools.product(column_caps, choices, split_counts):
         for geometry, (batch, context) in rows:
             key = (geometry, batch, context)
             if key not in baseline:
                 baseline[key] = sixteen_bit_times(geometry, batch, context, upstream)
-            geometry_row(cap, choice, geometry, batch, context, baseline[key])
+            geometry_row(cap, choice, splits or None, geometry, batch, context, baseline[key])
 
 
 def sixteen_bit_times(
@@ -527,6 +531,7 @@ def sixteen_bit_times(
 def geometry_row(
     cap: int,
     choice: PvChoice,
+    num_splits: int | None,
     geometry: tuple[int, int, int],
     batch: int,
     context: int,
@@ -537,12 +542,12 @@ def geometry_row(
         DecodeSetup(batch, context, torch.int8, geometry=geometry) for _ in range(GRAPH_CALLS)
     ]
     config = int8_config(geometry, cap, choice)
-    planned = [planned_run(setup, config) for setup in setups]
+    planned = [planned_run(setup, config, num_splits) for setup in setups]
     runs = [run for run, _ in planned]
     times = dict(baseline)
     times["int8 graph"] = graph_ms(*runs)
     times["int8 eager"] = eager_ms(runs)
-    calls = [functools.partial(setup.run, config=config) for setup in setups]
+    calls = [functools.partial(setup.run, num_splits=num_splits, config=config) for setup in setups]
     call = f"{eager_ms(calls):>6.3f}"
     plan = planned[0][1]
     del setups, planned, runs
@@ -624,6 +629,15 @@ def main() -> None:
         help="--geometry: only the rows of these query/kv heads (e.g. 32/1 16/1)",
     )
     parser.add_argument(
+        "--num-splits",
+        nargs="+",
+        type=int,
+        default=[0],
+        metavar="S",
+        help="--geometry: split-KV counts of the INT8 decode to time, in turn (0: the launcher's "
+        "choice)",
+    )
+    parser.add_argument(
         "--profile",
         nargs=2,
         type=int,
@@ -643,7 +657,7 @@ def main() -> None:
     elif args.flush:
         flush_check()
     elif args.geometry:
-        geometry_table(args.columns, args.pv, args.groups)
+        geometry_table(args.columns, args.pv, args.groups, args.num_splits)
     else:
         table(copy_bandwidth())
 
