@@ -33,6 +33,7 @@ from ._common import (
     runtime_target,
 )
 from ._paged_tiles import (
+    cache_arguments,
     check_attention_inputs,
     check_block_table,
     index_tensor,
@@ -223,7 +224,7 @@ class DecodePlan:
     ) -> None:
         """Launch through Triton's JIT: under the interpreter, or for arguments the compiled
         variant does not assume (the JIT compiles the variant they need)."""
-        out, query, k, v, k_scale, v_scale, block_table, seq_lens = tensors
+        out, query, *_, block_table, seq_lens = tensors
         acc = max_ = sum_ = out  # one split: no partials, the decode writes the result
         if scratch is not None:
             stats = self._stats_offset
@@ -235,15 +236,12 @@ class DecodePlan:
             config=self.config,
         )
         decode_arguments = decode.arguments(
+            **cache_arguments(cache),
             out_ptr=kernel_operand(out, cache),
             partial_acc_ptr=acc,
             partial_max_ptr=max_,
             partial_sum_ptr=sum_,
             q_ptr=kernel_operand(query, cache),
-            k_ptr=k,
-            v_ptr=v,
-            k_scale_ptr=k_scale,
-            v_scale_ptr=v_scale,
             block_table_ptr=block_table,
             seq_lens_ptr=seq_lens,
             softmax_scale=scalars[0],
@@ -253,12 +251,6 @@ class DecodePlan:
             stride_q_h=query.stride(1),
             stride_o_t=out.stride(0),
             stride_o_h=out.stride(1),
-            stride_k_b=k.stride(0),
-            stride_k_h=k.stride(1),
-            stride_v_b=v.stride(0),
-            stride_v_h=v.stride(1),
-            stride_s_b=k_scale.stride(0),
-            stride_s_h=k_scale.stride(1),
             stride_bt=block_table.stride(0),
         )
         launch(decode, self._decode_grid, decode_arguments)

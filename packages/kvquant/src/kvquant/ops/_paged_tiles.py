@@ -364,6 +364,24 @@ def scale_tensors(cache: PagedKVCache) -> tuple[torch.Tensor, torch.Tensor]:
     return cache.k_scale, cache.v_scale
 
 
+def cache_arguments(cache: PagedKVCache) -> dict[str, object]:
+    """The attention kernels' cache arguments by name: K, V, their scales (see `scale_tensors`)
+    and the page and head strides of each."""
+    k_scale, v_scale = scale_tensors(cache)
+    return {
+        "k_ptr": cache.k,
+        "v_ptr": cache.v,
+        "k_scale_ptr": k_scale,
+        "v_scale_ptr": v_scale,
+        "stride_k_b": cache.k.stride(0),
+        "stride_k_h": cache.k.stride(1),
+        "stride_v_b": cache.v.stride(0),
+        "stride_v_h": cache.v.stride(1),
+        "stride_s_b": k_scale.stride(0),
+        "stride_s_h": k_scale.stride(1),
+    }
+
+
 def kernel_operand(tensor: torch.Tensor, cache: PagedKVCache) -> torch.Tensor:
     """A 16-bit query or output as the attention kernels take it: int16 bits for an INT8 cache."""
     if cache.is_quantized and tensor.dtype in ACTIVATION_DTYPES:

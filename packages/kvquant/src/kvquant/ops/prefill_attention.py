@@ -48,6 +48,7 @@ from ._paged_tiles import (
     apply_softcap,
     as_output,
     attention_types,
+    cache_arguments,
     check_attention_inputs,
     check_block_table,
     dot_16bit,
@@ -56,7 +57,6 @@ from ._paged_tiles import (
     kernel_operand,
     load_tile,
     query_is_bf16,
-    scale_tensors,
     shared_constexprs,
     softmax_step,
     v_weights,
@@ -486,14 +486,10 @@ def plan_prefill(
         for start in range(0, q_len, block_q):
             tile_seq.append(i)
             tile_start.append(start)
-    k_scale, v_scale = scale_tensors(cache)
     args = spec.arguments(
+        **cache_arguments(cache),
         out_ptr=kernel_operand(result, cache),
         q_ptr=kernel_operand(query, cache),
-        k_ptr=cache.k,
-        v_ptr=cache.v,
-        k_scale_ptr=k_scale,
-        v_scale_ptr=v_scale,
         block_table_ptr=block_table,
         seq_lens_ptr=index_tensor(seq_lens),
         cu_seqlens_q_ptr=index_tensor(cu_seqlens_q),
@@ -511,12 +507,6 @@ def plan_prefill(
         stride_q_h=query.stride(1),
         stride_o_t=result.stride(0),
         stride_o_h=result.stride(1),
-        stride_k_b=cache.k.stride(0),
-        stride_k_h=cache.k.stride(1),
-        stride_v_b=cache.v.stride(0),
-        stride_v_h=cache.v.stride(1),
-        stride_s_b=k_scale.stride(0),
-        stride_s_h=k_scale.stride(1),
         stride_bt=block_table.stride(0),
     )
     return PrefillPlan(spec, (len(tile_seq), cache.num_kv_heads), args, result)
