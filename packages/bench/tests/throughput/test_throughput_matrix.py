@@ -42,6 +42,7 @@ def test_the_gpu_kernel_matrix_times_the_shapes_kvquants_benchmarks_print(
     monkeypatch.syspath_prepend(str(KVQUANT_BENCHMARKS))
     shapes = importlib.import_module("_shapes")
     cache_write = importlib.import_module("benchmark_cache_write")
+    decode = importlib.import_module("benchmark_decode_attention")
     matrix = load_matrix(CONFIGS / "throughput-gpu-kernels.toml")
     cells = [cell for cell in matrix.cells if isinstance(cell, KernelCell)]
     # Kernels only: the run needs no vLLM.
@@ -54,15 +55,28 @@ def test_the_gpu_kernel_matrix_times_the_shapes_kvquants_benchmarks_print(
         shapes.BLOCK_SIZE,
     )
     assert getattr(torch, s.model_dtype) == shapes.MODEL_DTYPE
+    base = f"{shapes.NUM_Q_HEADS}/{shapes.NUM_KV_HEADS}x{shapes.HEAD_SIZE}"
     by_op: dict[str, set[tuple[str, int, int, int]]] = {}
+    geometry_rows = set()
     for cell in cells:
-        by_op.setdefault(cell.op, set()).add(
-            (cell.cache_dtype, cell.batch, cell.context, cell.prefix)
-        )
+        if cell.heads == base and (cell.batch, cell.context) not in decode.GEOMETRY_SHAPES:
+            by_op.setdefault(cell.op, set()).add(
+                (cell.cache_dtype, cell.batch, cell.context, cell.prefix)
+            )
+        else:
+            assert cell.op == "decode" and cell.shape.block_size == shapes.BLOCK_SIZE
+            geometry_rows.add((cell.cache_dtype, cell.heads, cell.batch, cell.context))
     caches = ("int8", "bfloat16")
     assert by_op["decode"] == {
         (cache, batch, context, 0)
         for cache, batch, context in itertools.product(caches, shapes.BATCHES, shapes.CONTEXTS)
+    }
+    # The --geometry table's rows, each geometry at each of its shapes.
+    assert geometry_rows == {
+        (cache, f"{q}/{kv}x{head}", batch, context)
+        for cache, (q, kv, head), (batch, context) in itertools.product(
+            caches, decode.GEOMETRIES, decode.GEOMETRY_SHAPES
+        )
     }
     assert by_op["prefill"] == {
         (cache, batch, cached + new, cached)
@@ -70,10 +84,18 @@ def test_the_gpu_kernel_matrix_times_the_shapes_kvquants_benchmarks_print(
     }
     assert by_op["cache_write"] == {(cache, 1, cache_write.NUM_TOKENS, 0) for cache in caches}
     # And the decode's GB/s counts the benchmark's bytes.
+    # (The --geometry rows count 2 x head bytes of INT8 codes and two fp32 scales per token and
+    # kv head, 4 x head bytes for bf16.)
     for cell in cells:
-        if cell.op == "decode":
+        if cell.op == "decode" and cell.heads == base:
             expected = shapes.kv_bytes(cell.batch, cell.context, getattr(torch, cell.cache_dtype))
             assert moved_bytes(cell) == expected
+        elif cell.op == "decode":
+            per_token_head = 2 * cell.shape.head_size + (8 if cell.cache_dtype == "int8" else 0)
+            if cell.cache_dtype != "int8":
+                per_token_head *= 2
+            tokens = cell.batch * cell.context * cell.shape.num_kv_heads
+            assert moved_bytes(cell) == tokens * per_token_head
 
 
 def test_a_prefix_belongs_to_a_prefill_and_leaves_it_new_tokens() -> None:
@@ -87,6 +109,27 @@ def test_a_prefix_belongs_to_a_prefill_and_leaves_it_new_tokens() -> None:
         parse_matrix(
             "[[kernel]]\nop = 'prefill'\ncache_dtype = 'int8'\nbatch = 1\ncontext = 16\n"
             "prefix = 16\n",
+            "m.toml",
+        )
+
+
+def test_heads_give_a_cell_its_own_geometry_and_name() -> None:
+    matrix = parse_matrix(
+        "[kernel_shape]\nnum_q_heads = 32\nnum_kv_heads = 8\nhead_size = 128\n"
+        "[[kernel]]\nop = 'decode'\ncache_dtype = 'int8'\nbatch = 4\ncontext = 64\n"
+        "heads = ['', '32/1x128', '16/2x64']\n",
+        "m.toml",
+    )
+    cells = [cell for cell in matrix.cells if isinstance(cell, KernelCell)]
+    shapes = [(c.shape.num_q_heads, c.shape.num_kv_heads, c.shape.head_size) for c in cells]
+    assert shapes == [(32, 8, 128), (32, 1, 128), (16, 2, 64)]
+    assert [c.params()["heads"] for c in cells] == ["32/8x128", "32/1x128", "16/2x64"]
+    assert "heads=32/1x128 " in cells[1].name and moved_bytes(cells[1]) * 8 == moved_bytes(cells[0])
+    # The kernel_shape's own geometry named again is the same cell.
+    with pytest.raises(MatrixError, match="declared twice"):
+        parse_matrix(
+            "[[kernel]]\nop = 'decode'\ncache_dtype = 'int8'\nbatch = 4\ncontext = 64\n"
+            "heads = ['', '32/8x128']\n",
             "m.toml",
         )
 
@@ -130,6 +173,15 @@ def test_lists_expand_to_their_product() -> None:
          "`e2e[0].output_len` is 0; expected a number > 0"),
         ("[[e2e]]\nbench = 'latency'\ninput_len = 8\noutput_len = 4\nbatch = 1\niterations = 0\n",
          "`e2e[0].iterations` is 0; expected a number > 0"),
+        ("[[kernel]]\nop = 'decode'\ncache_dtype = 'int8'\nbatch = 1\ncontext = 8\n"
+         "heads = '32:8x128'\n",
+         "`kernel[0].heads` is '32:8x128'; expected query heads / kv heads x head size"),
+        ("[[kernel]]\nop = 'decode'\ncache_dtype = 'int8'\nbatch = 1\ncontext = 8\n"
+         "heads = '30/4x128'\n",
+         "`kernel[0].heads` is '30/4x128'; expected positive sizes and query heads a multiple"),
+        ("[[kernel]]\nop = 'decode'\ncache_dtype = 'int8'\nbatch = 1\ncontext = 8\n"
+         "heads = '8/0x128'\n",
+         "`kernel[0].heads` is '8/0x128'; expected positive sizes"),
         ("name = [", "not valid TOML"),
     ],
 )  # fmt: skip

@@ -152,11 +152,13 @@ def test_a_functional_check_is_never_judged_however_slow(tmp_path: Path) -> None
     )
 
 
-def _kernel(cache_dtype: str, value: float, nbytes: int, *, check: bool) -> dict[str, Any]:
+def _kernel(
+    cache_dtype: str, value: float, nbytes: int, *, check: bool, heads: str = "32/8x128"
+) -> dict[str, Any]:
     return {
-        "kind": "kernel", "status": "ok", "op": "decode", "batch": 16, "context": 8192,
-        "prefix": 0, "cache_dtype": cache_dtype, "value": value, "bytes": nbytes,
-        "functional_check": check,
+        "kind": "kernel", "status": "ok", "op": "decode", "heads": heads, "batch": 16,
+        "context": 8192, "prefix": 0, "cache_dtype": cache_dtype, "value": value,
+        "bytes": nbytes, "functional_check": check,
     }  # fmt: skip
 
 
@@ -173,3 +175,19 @@ def test_a_speed_up_needs_both_cells_timed_and_the_bytes_ratio_does_not(
     assert int8["speedup_vs_16bit"] == speedup
     assert int8["bytes_vs_16bit"] == 264 / 512
     assert "speedup_vs_16bit" not in cells[1]
+
+
+def test_an_int8_cell_is_paired_with_the_16_bit_cell_of_its_own_geometry() -> None:
+    gqa, mqa = (
+        _kernel("int8", 0.05, 264, check=False),
+        _kernel("int8", 0.04, 66, check=False, heads="32/1x128"),
+    )
+    cells = [
+        gqa,
+        mqa,
+        _kernel("bfloat16", 0.1, 512, check=False),
+        _kernel("bfloat16", 0.06, 128, check=False, heads="32/1x128"),
+    ]
+    add_int8_ratios(cells)
+    assert (gqa["speedup_vs_16bit"], gqa["bytes_vs_16bit"]) == (0.1 / 0.05, 264 / 512)
+    assert (mqa["speedup_vs_16bit"], mqa["bytes_vs_16bit"]) == (0.06 / 0.04, 66 / 128)

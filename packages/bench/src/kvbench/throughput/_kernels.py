@@ -250,7 +250,7 @@ def add_int8_ratios(cells: list[dict[str, Any]]) -> None:
     otherwise: a functional check's time is no speed)."""
 
     def shape(cell: dict[str, Any]) -> tuple[Any, ...]:
-        return (cell["op"], cell["batch"], cell["context"], cell["prefix"])
+        return (cell["op"], cell["heads"], cell["batch"], cell["context"], cell["prefix"])
 
     ok = [c for c in cells if c["kind"] == "kernel" and c["status"] == "ok"]
     sixteen_bit = {shape(c): c for c in ok if c["cache_dtype"] != "int8"}

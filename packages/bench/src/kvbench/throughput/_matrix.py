@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -106,18 +107,25 @@ class KernelCell:
     unit = "ms"
 
     @property
+    def heads(self) -> str:
+        """The attention geometry, query heads / kv heads x head size, e.g. ``32/8x128``."""
+        s = self.shape
+        return f"{s.num_q_heads}/{s.num_kv_heads}x{s.head_size}"
+
+    @property
     def name(self) -> str:
         s = self.shape
         # The prefix only when there is one: names are history keys, and older runs have none.
         prefix = f" prefix={self.prefix}" if self.prefix else ""
         return (
             f"{self.op} {self.cache_dtype} batch={self.batch} context={self.context}{prefix} "
-            f"heads={s.num_q_heads}/{s.num_kv_heads}x{s.head_size} block={s.block_size}"
+            f"heads={self.heads} block={s.block_size}"
         )
 
     def params(self) -> dict[str, Any]:
         return {
             "op": self.op,
+            "heads": self.heads,
             "cache_dtype": self.cache_dtype,
             "batch": self.batch,
             "context": self.context,
@@ -204,7 +212,10 @@ _KERNEL_KEYS: dict[str, tuple[type, object]] = {
     "batch": (int, None),
     "context": (int, None),
     "prefix": (int, 0),
+    # "Q/KVxD" (query heads / kv heads x head size); "" keeps `kernel_shape`'s.
+    "heads": (str, ""),
 }
+_HEADS = re.compile(r"(\d+)/(\d+)x(\d+)")
 _E2E_KEYS: dict[str, tuple[type, object]] = {
     "bench": (str, None),
     "kv_cache_dtype": (str, "auto"),
@@ -336,7 +347,9 @@ def parse_matrix(text: str, source: str) -> Matrix:
                     f"is {combo['prefix']}; expected less than `context` ({combo['context']}), "
                     "so that the prefill has new tokens",
                 )
-            cells.append(KernelCell(shape=shape, **combo))
+            heads = combo.pop("heads")
+            cell_shape = _with_heads(reader, f"kernel[{index}].heads", shape, heads)
+            cells.append(KernelCell(shape=cell_shape, **combo))
     for index, table in enumerate(_tables(reader, data, "e2e")):
         for combo in reader.expand(f"e2e[{index}]", table, _E2E_KEYS):
             if combo["bench"] not in _E2E_BENCHES:
@@ -364,6 +377,24 @@ def parse_matrix(text: str, source: str) -> Matrix:
         capacity=reader.settings("capacity", data.get("capacity", {}), CapacitySettings),
         cells=tuple(cells),
     )
+
+
+def _with_heads(reader: _Reader, where: str, shape: KernelShape, heads: str) -> KernelShape:
+    """``shape`` with the geometry ``heads`` names ("Q/KVxD"); ``shape`` itself for ""."""
+    if not heads:
+        return shape
+    match = _HEADS.fullmatch(heads)
+    if match is None:
+        raise reader.fail(
+            where, f"is {heads!r}; expected query heads / kv heads x head size, e.g. '32/8x128'"
+        )
+    num_q_heads, num_kv_heads, head_size = map(int, match.groups())
+    if min(num_q_heads, num_kv_heads, head_size) < 1 or num_q_heads % num_kv_heads:
+        raise reader.fail(
+            where,
+            f"is {heads!r}; expected positive sizes and query heads a multiple of kv heads",
+        )
+    return replace(shape, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_size=head_size)
 
 
 def _tables(reader: _Reader, data: dict[str, Any], key: str) -> list[object]:

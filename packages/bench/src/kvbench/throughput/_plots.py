@@ -9,7 +9,7 @@ from typing import Any
 
 # Parameters that tell series apart in the scaling plots; the x axis is excluded from the label.
 _SERIES_KEYS = {
-    "kernel": ("op", "cache_dtype", "batch", "context", "prefix"),
+    "kernel": ("op", "heads", "cache_dtype", "batch", "context", "prefix"),
     "e2e": ("bench", "kv_cache_dtype", "block_size", "compilation", "graphs", "input_len", "batch"),
 }
 _AXES = (("context", "input_len", "context length (tokens)"), ("batch", "batch", "batch size"))

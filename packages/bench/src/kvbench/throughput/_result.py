@@ -20,6 +20,7 @@ Cell = dict[str, Any]
 # speed) and what the history said of it ("judgement", with "history_runs": earlier runs / needed).
 KERNEL_COLUMNS = [
     "op",
+    "heads",
     "cache_dtype",
     "batch",
     "context",
