@@ -212,3 +212,75 @@ def test_a_class_the_hardware_file_does_not_name_shows_under_its_accelerators_na
     block = _block(adr)
     assert "**NVIDIA B200**" in block and "0.05" in block
     assert "_NVIDIA H200: not yet run_" in block and "_CPU nightly: not yet run_" in block
+
+
+def _gpu_run_with_figures(results: Path, run_id: str, ended_at: str, figures: list[str]) -> None:
+    """An H200 throughput record of ``run_id`` with a PNG of each of ``figures``."""
+    run_dir = results / run_id / "throughput"
+    run_dir.mkdir(parents=True)
+    for name in figures:
+        (run_dir / name).write_bytes(PNG + run_id.encode())
+    record = throughput_record(run_id, ended_at, H200, 1.0)
+    artifacts = {name: str(run_dir / name) for name in figures}
+    write_record(results, dataclasses.replace(record, artifacts=artifacts))
+
+
+def test_a_figure_a_newer_record_dropped_is_removed_from_assets_and_the_store(
+    adr: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from adrkit.__main__ import main
+
+    kept, dropped = "throughput-kernel-vs-context.png", "throughput-trend.png"
+    first, second = tmp_path / "first", tmp_path / "second"
+    _gpu_run_with_figures(first, "gpu-1", "2026-12-01T00:00:00Z", [kept, dropped])
+    assert run_update(capsys, adr, first, "--store", str(first)) == (0, "")
+    store = adr / "evidence" / "nvidia-h200" / "throughput"
+    assets = adr / "assets"
+    stale = [assets / f"throughput-nvidia-h200-{dropped}", store / dropped]
+    assert all(path.read_bytes() == PNG + b"gpu-1" for path in stale)
+    # Files adrkit did not write by its naming rule: a user's own figures and notes, a figure
+    # named for a class no record shows, a link, and a note in the stored record's folder.
+    foreign = [
+        assets / "architecture.png",
+        assets / "throughput-nvidia-h200-notes.txt",
+        assets / f"throughput-gfx90a-{dropped}",
+        assets / f"kernels-nvidia-h200-{dropped}",
+        store / "README.md",
+    ]
+    for path in foreign:
+        path.write_bytes(PNG + b"someone else's")
+    (assets / f"throughput-nvidia-h200-link-{dropped}").symlink_to(tmp_path / "first")
+    _gpu_run_with_figures(second, "gpu-2", "2026-12-02T00:00:00Z", [kept])
+
+    # --check sees the removals first, and removes nothing.
+    before = tree_hashes(adr)
+    capsys.readouterr()
+    args = ["update", "--adr-dir", str(adr), "--results", str(second), "--store", str(second)]
+    assert main([*args, "--check"]) == 1
+    out = capsys.readouterr().out
+    assert all(f"stale: {path}\n" in out for path in stale), out
+    assert tree_hashes(adr) == before
+
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert all(f"removed: {path}\n" in out for path in stale), out
+    assert not any(path.exists() for path in stale)
+    assert (assets / f"throughput-nvidia-h200-{kept}").read_bytes() == PNG + b"gpu-2"
+    assert (store / kept).read_bytes() == PNG + b"gpu-2"
+    assert all(path.read_bytes() == PNG + b"someone else's" for path in foreign)
+    assert (assets / f"throughput-nvidia-h200-link-{dropped}").is_symlink()
+    stored = json.loads((adr / "evidence" / "nvidia-h200" / "throughput.json").read_text())
+    assert stored["artifacts"] == {kept: f"throughput/{kept}"}
+    assert main([*args, "--check"]) == 0
+
+
+def test_a_stored_record_replaced_by_one_without_figures_leaves_none_of_its_copies(
+    adr: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    _gpu_run_with_figures(first, "gpu-1", "2026-12-01T00:00:00Z", ["throughput-trend.png"])
+    assert run_update(capsys, adr, first, "--store", str(first)) == (0, "")
+    _gpu_run_with_figures(second, "gpu-2", "2026-12-02T00:00:00Z", [])
+    assert run_update(capsys, adr, second, "--store", str(second)) == (0, "")
+    assert list((adr / "assets").iterdir()) == []
+    assert list((adr / "evidence" / "nvidia-h200" / "throughput").iterdir()) == []

@@ -209,6 +209,42 @@ def test_commit_names_the_run_and_refuses_dirty_or_foreign_trees(
     assert (plain / "0012-fork-audit.md").read_text() == ADR_EN
 
 
+def test_a_commit_removes_the_figure_the_newer_record_dropped(tmp_path: Path) -> None:
+    repo = git.Repo.init(tmp_path / "repo", initial_branch="adr")
+    with repo.config_writer() as config:
+        config.set_value("user", "name", "t").set_value("user", "email", "t@example.com")
+    adr_dir = Path(repo.working_dir) / "docs" / "adr"
+    adr_dir.mkdir(parents=True)
+    (adr_dir / "0009-int8.md").write_text(ACCURACY_ADR)
+    repo.index.add([str(adr_dir / "0009-int8.md")])
+    repo.index.commit("initial")
+    results = tmp_path / "results"
+    for run, ended_at, figures in (
+        ("run-1", "2026-11-29T02:00:00Z", ["accuracy_deltas.png"]),
+        ("run-2", "2026-11-29T03:00:00Z", []),
+    ):
+        stage_dir = results / run / "accuracy"
+        stage_dir.mkdir(parents=True)
+        for name in figures:
+            (stage_dir / name).write_bytes(PNG + run.encode())
+        record = replace(
+            make_record("accuracy", run_id=run, ended_at=ended_at),
+            tables={"deltas": Table(["task", "delta"], [[run, 0.01]])},
+            artifacts={name: str(stage_dir / name) for name in figures},
+        )
+        write_record(results, record)
+        result = update_adrs(adr_dir, results / run, commit_branch="adr")
+        assert result.commit == repo.head.commit.hexsha
+        assert not repo.is_dirty(untracked_files=True)
+    figure = adr_dir / "assets" / "accuracy-cpu-accuracy_deltas.png"
+    assert result.removed == (figure,) and figure in result.changed
+    assert not figure.exists()
+    assert "docs/adr/assets/accuracy-cpu-accuracy_deltas.png" in repo.git.show(
+        "--name-status", "--format=", "HEAD"
+    )
+    assert "docs/adr/assets" not in repo.git.ls_files()
+
+
 def test_missing_adr_directory(tmp_path: Path, results: Path) -> None:
     with pytest.raises(AdrError, match="does not exist"):
         update_adrs(tmp_path / "none", results)

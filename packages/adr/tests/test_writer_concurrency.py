@@ -4,8 +4,8 @@ TMPDIR and working directory, naming the ADR directory by different paths.
 Nothing here waits for a time to pass. A writer is paused, or killed by SIGKILL as a lost node
 is, at an exact point of its update, found by a Python audit hook that a `sitecustomize` module
 installs in the writer (the hook fires before the call it reports): at its N-th rename into the
-ADR directory, or its N-th open of a file there. The test goes on when the writer tells it, by a
-file, that it got there.
+ADR directory, or its N-th open or removal of a file there. The test goes on when the writer
+tells it, by a file, that it got there.
 """
 
 from __future__ import annotations
@@ -140,16 +140,19 @@ def _set_up(root: Path) -> tuple[Path, Path]:
     return adr_dir, root / "results"
 
 
-def _write_run(results: Path, run: str, ended_at: str, figure: bytes) -> None:
-    """An audit and an accuracy record (with its figure) of one run."""
+def _write_run(results: Path, run: str, ended_at: str, figure: bytes | None) -> None:
+    """An audit and an accuracy record (with its figure, unless ``figure`` is None) of one run."""
     write_record(results, make_record(run_id=run, ended_at=ended_at, summary=f"from {run}"))
     stage_dir = results / run / "accuracy"
     stage_dir.mkdir(parents=True)
-    (stage_dir / "plot.png").write_bytes(PNG + figure)
+    artifacts = {}
+    if figure is not None:
+        (stage_dir / "plot.png").write_bytes(PNG + figure)
+        artifacts["accuracy_deltas.png"] = str(stage_dir / "plot.png")
     accuracy = replace(
         make_record("accuracy", run_id=run, ended_at=ended_at),
         tables={"deltas": Table(["task", "delta"], [[run, 0.01]])},
-        artifacts={"accuracy_deltas.png": str(stage_dir / "plot.png")},
+        artifacts=artifacts,
     )
     write_record(results, accuracy)
 
@@ -284,3 +287,62 @@ def test_a_writer_killed_while_it_completes_another_killed_writer_is_completed_i
     assert writers.run().returncode == 0
     assert _snapshot(adr_dir) == _expected(tmp_path, results)
     assert _stray(adr_dir) == []
+
+
+FIGURE = "assets/accuracy-cpu-accuracy_deltas.png"
+
+
+# Killed at its first rename after the journal (the ADRs half written, the figure still there),
+# or at the removal itself, once every file is renamed.
+@pytest.mark.parametrize(("event", "count"), [("os.rename", 1), ("os.remove", 0)])
+def test_a_writer_killed_before_it_removed_a_stale_figure_is_completed_by_the_next(
+    tmp_path: Path, event: str, count: int
+) -> None:
+    adr_dir, results = _set_up(tmp_path)
+    writers = Writers(tmp_path, adr_dir, results)
+    _write_run(results, "run-1", "2026-11-29T02:00:00Z", b"first")
+    assert writers.run().returncode == 0
+    assert (adr_dir / FIGURE).exists()
+    _write_run(results, "run-2", "2026-11-29T03:00:00Z", None)  # its accuracy has no figure
+
+    killed = writers.run(hook="kill", event=event, count=str(count))
+
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    journal = json.loads((adr_dir / JOURNAL_NAME).read_text())
+    assert journal["removals"] == [FIGURE]
+    assert (adr_dir / FIGURE).exists()
+    after = writers.run()
+    assert after.returncode == 0, after.stderr
+    removed = [line for line in after.stdout.splitlines() if line.startswith("removed: ")]
+    assert len(removed) == 1 and removed[0].endswith(FIGURE), after.stdout
+    assert not (adr_dir / FIGURE).exists()
+    assert _snapshot(adr_dir) == _expected(tmp_path, results)
+    assert _stray(adr_dir) == []
+    assert writers.run("--check").returncode == 0
+
+
+def test_a_journal_without_removals_as_written_before_them_is_completed(tmp_path: Path) -> None:
+    adr_dir, results = _set_up(tmp_path)
+    writers = Writers(tmp_path, adr_dir, results)
+    _write_run(results, "run-1", "2026-11-29T02:00:00Z", b"first")
+    assert writers.run(hook="kill", event="os.rename", count="2").returncode == -signal.SIGKILL
+    journal = adr_dir / JOURNAL_NAME
+    journal.write_text(json.dumps({"renames": json.loads(journal.read_text())["renames"]}))
+    assert writers.run().returncode == 0
+    assert _snapshot(adr_dir) == _expected(tmp_path, results)
+    assert _stray(adr_dir) == []
+
+
+def test_a_journal_that_removes_anything_but_a_figure_is_refused(tmp_path: Path) -> None:
+    adr_dir, results = _set_up(tmp_path)
+    writers = Writers(tmp_path, adr_dir, results)
+    _write_run(results, "run-1", "2026-11-29T02:00:00Z", b"first")
+    assert writers.run().returncode == 0
+    before = _snapshot(adr_dir)
+    journal = adr_dir / JOURNAL_NAME
+    journal.write_text(json.dumps({"renames": [], "removals": ["0012-fork-audit.md"]}))
+    refused = writers.run()
+    assert refused.returncode == 2
+    assert "is not a journal of adrkit's" in refused.stderr and "no figure" in refused.stderr
+    assert refused.stderr.count("\n") == 1
+    assert _snapshot(adr_dir) == before | {JOURNAL_NAME: journal.read_bytes()}

@@ -41,7 +41,10 @@ def _parser() -> argparse.ArgumentParser:
     update.add_argument(
         "--check",
         action="store_true",
-        help="write nothing; exit 1 if any ADR is stale against the results",
+        help=(
+            "write nothing; exit 1 if any ADR is stale against the results (or a figure no "
+            "record names is still there)"
+        ),
     )
     update.add_argument(
         "--commit-branch",
@@ -68,7 +71,8 @@ def main(argv: Sequence[str]) -> int:
         print(f"adrkit: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     for path in result.changed:
-        print(f"{'stale' if args.check else 'updated'}: {path}")
+        done = "removed" if path in result.removed else "updated"
+        print(f"{'stale' if args.check else done}: {path}")
     if result.commit:
         print(f"committed: {result.commit}")
     if args.check and result.stale:

@@ -11,8 +11,9 @@ survive a fresh clone: one folder per class, laid out like a run of a results ro
 (``<class>/<stage>.json``, and the figures the record embeds under ``<class>/<stage>/``), so a
 stored record is read like any other. The ADR writer fills it from a results directory when asked
 (`update_adrs(store=...)`); a stored record is replaced only by a newer record of the same stage
-and class, and a skipped stage, which measured nothing, never replaces one. Nothing else writes
-there.
+and class, and a skipped stage, which measured nothing, never replaces one. A figure in a stored
+record's folder that the record does not name (an older record's) is removed by the update that
+finds it (`adrkit._figures`). Nothing else writes there.
 
 ``<adr dir>/hardware.toml`` names the classes the team expects and the stages each should run, so
 a class that never ran a stage says so instead of being silently absent.

@@ -213,7 +213,7 @@ class Record:
             msg = f"stage {self.stage!r} is {self.status} but has no `reason`"
             raise RecordError(msg)
         for name in self.artifacts:
-            if not _ARTIFACT_NAME.fullmatch(name):
+            if not is_artifact_name(name):
                 msg = f"artifact name {name!r} of stage {self.stage!r} must be a plain file name"
                 raise RecordError(msg)
         for name, table in self.tables.items():
@@ -347,6 +347,11 @@ def _expected(hint: Any) -> str:
     if origin is dict or dataclasses.is_dataclass(hint):
         return "an object"
     return _JSON_TYPES[origin or hint]
+
+
+def is_artifact_name(name: str) -> bool:
+    """Whether ``name`` is a plain file name a record may give an artifact."""
+    return _ARTIFACT_NAME.fullmatch(name) is not None
 
 
 def artifact_in_run_dir(run_dir: Path, path: Path) -> Path | None:

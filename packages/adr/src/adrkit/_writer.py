@@ -5,7 +5,9 @@ every figure checked before the first byte is written, so a malformed marker, an
 or a bad record anywhere leaves every file as it was. The whole update runs under the ADR
 directory's lock, so concurrent writers serialise instead of losing updates, and the files change
 as one set (`_journal`): a writer killed midway leaves either the old set or a journal that the
-next update completes first; the temp files of a writer killed earlier are removed.
+next update completes first; the temp files of a writer killed earlier are removed. The set
+includes the removal of the figures adrkit copied that no record names any more, beside the ADRs
+and in the evidence store (`adrkit._figures`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,13 @@ from adrkit._evidence import (
     stored_path,
     to_store,
 )
-from adrkit._figures import ASSETS_DIR, asset_name, figure_signature
+from adrkit._figures import (
+    ASSETS_DIR,
+    asset_name,
+    figure_signature,
+    stale_assets,
+    stale_stored_figures,
+)
 from adrkit._files import FileReadError, read_capped, remove_stale_temps
 from adrkit._lock import DirectoryLock
 from adrkit._markdown import markdown_text
@@ -50,10 +58,12 @@ MAX_FIGURE_BYTES = 16 * 2**20
 
 @dataclass(frozen=True)
 class UpdateResult:
-    """What an update changed (or, with ``check``, would change)."""
+    """What an update changed (or, with ``check``, would change): every file written or removed,
+    and those of them removed."""
 
     changed: tuple[Path, ...]
     commit: str | None = None
+    removed: tuple[Path, ...] = ()
 
     @property
     def stale(self) -> bool:
@@ -84,9 +94,11 @@ def update_adrs(
     lists the files that are stale. With ``commit_branch``, the change is committed with GitPython
     on that branch, which must be the one checked out, and only if the work tree is clean before
     the update. If another writer holds the directory's lock for more than ``lock_timeout_s``
-    seconds, the update fails and writes nothing. An update that a killed writer committed to is
-    completed first, even by an update that then refuses its own input: completing it is no
-    change of this update's.
+    seconds, the update fails and writes nothing. The figures adrkit copied beside the ADRs or
+    into the store that no record shown or stored names any more are removed in the same set
+    (see `adrkit._figures`). An update that a killed writer committed to is completed first,
+    even by an update that then refuses its own input: completing it is no change of this
+    update's.
     """
     if not adr_dir.is_dir():
         problem = "exists but is not a directory" if adr_dir.exists() else "does not exist"
@@ -100,8 +112,9 @@ def update_adrs(
     with lock_for(adr_dir).acquire(timeout=lock_timeout_s):
         repo = _repo_for_commit(adr_dir, commit_branch) if commit_branch and not check else None
         completed: tuple[Path, ...] = ()
+        completed_removals: tuple[Path, ...] = ()
         if not check:
-            completed = _journal.roll_forward(adr_dir)
+            completed, completed_removals = _journal.roll_forward(adr_dir)
             for folder in _written_folders(adr_dir):
                 remove_stale_temps(folder)
         stored = read_source(evidence_dir(adr_dir))
@@ -116,18 +129,29 @@ def update_adrs(
             )
             raise ResultsError(msg)
         shown = Shown(evidence, load_hardware(adr_dir), load_decisions(adr_dir))
-        planned = _plan(adr_dir, shown) | _store_plan(adr_dir, incoming)
-        changed = tuple(path for path, content in planned.items() if _current(path) != content)
+        store_files, now_stored = _store_plan(adr_dir, incoming)
+        planned = _plan(adr_dir, shown) | store_files
+        # What the store holds once this update is done: its records, each replaced by the
+        # incoming one of its place.
+        held = {found.path: found for found in stored} | {f.path: f for f in now_stored}
+        removals = tuple(
+            stale_assets(adr_dir, evidence) + stale_stored_figures(adr_dir, held.values())
+        )
+        written = tuple(path for path, content in planned.items() if _current(path) != content)
         if check:
-            return UpdateResult(changed)
-        if changed:
-            _journal.replace_all(adr_dir, {path: planned[path] for path in changed})
-        changed = tuple(dict.fromkeys([*changed, *completed]))
+            return UpdateResult((*written, *removals), removed=removals)
+        if written or removals:
+            _journal.replace_all(adr_dir, {path: planned[path] for path in written}, removals)
+        written = tuple(dict.fromkeys([*written, *completed]))
+        removed = tuple(
+            p for p in dict.fromkeys([*removals, *completed_removals]) if p not in written
+        )
+        changed = (*written, *removed)
         commit = None
         if repo is not None and changed:
             shown_records = {f.record.provenance.run_id: f.record for f in evidence.all_files()}
-            commit = _commit(repo, changed, shown_records)
-    return UpdateResult(changed, commit)
+            commit = _commit(repo, written, removed, shown_records)
+    return UpdateResult(changed, commit, removed)
 
 
 def _written_folders(adr_dir: Path) -> list[Path]:
@@ -141,10 +165,14 @@ def _written_folders(adr_dir: Path) -> list[Path]:
     return [f for f in folders if f.is_dir() and not f.is_symlink()]
 
 
-def _store_plan(adr_dir: Path, incoming: list[RecordFile]) -> dict[Path, bytes]:
+def _store_plan(
+    adr_dir: Path, incoming: list[RecordFile]
+) -> tuple[dict[Path, bytes], list[RecordFile]]:
     """The evidence store's new records and their figures, each figure checked as the ADRs'
-    own are; a record keeps only its figures (`adrkit._evidence`)."""
+    own are, and the new records as the store will hold them; a record keeps only its figures
+    (`adrkit._evidence`)."""
     planned: dict[Path, bytes] = {}
+    records: list[RecordFile] = []
     for found in incoming:
         target = stored_path(adr_dir, found.record)
         figures = {}
@@ -160,8 +188,9 @@ def _store_plan(adr_dir: Path, incoming: list[RecordFile]) -> dict[Path, bytes]:
         kept = {name: f"{found.record.stage}/{name}" for name in sorted(figures)}
         record = replace(found.record, artifacts=kept)
         planned[target] = (json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n").encode()
+        records.append(RecordFile(target, record))
     _check_inside(adr_dir, planned)
-    return planned
+    return planned, records
 
 
 def _check_inside(adr_dir: Path, planned: dict[Path, bytes]) -> None:
@@ -316,8 +345,17 @@ def _repo_for_commit(adr_dir: Path, branch: str) -> git.Repo:
     return repo
 
 
-def _commit(repo: git.Repo, changed: tuple[Path, ...], records: dict[str, Record]) -> str:
+def _commit(
+    repo: git.Repo,
+    written: tuple[Path, ...],
+    removed: tuple[Path, ...],
+    records: dict[str, Record],
+) -> str:
     runs = sorted({r.provenance.run_id for r in records.values()})
-    repo.index.add([str(p.resolve()) for p in changed])
+    if written:
+        repo.index.add([str(p.resolve()) for p in written])
+    if removed:
+        # A figure copied and never committed is gone from the work tree, and nothing more.
+        repo.index.remove([str(p.resolve()) for p in removed], ignore_unmatch=True)
     message = f"docs(adr): update generated blocks from run {', '.join(runs)}"
     return repo.index.commit(message).hexsha
