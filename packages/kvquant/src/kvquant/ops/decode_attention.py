@@ -21,10 +21,11 @@ INT8 specifics (why they are done this way):
 - K scales multiply the scores of their key, V scales P's entries of their key, and the tile's
   largest V scale the PV dot's result. int8 cannot carry NaN: a key whose V scale is not finite
   gets a NaN K scale instead, which reaches exactly the query heads that see it.
-- Wide groups (16 and more query heads per kv head, CUDA; USE_FP16_PV): Q x K as above, but
-  P x V in fp16, the whole group in one program: the V codes are widened in registers (exact),
-  P is rounded to fp16 (11 bits), and the running max and V reference move only when a tile
-  passes them (`_fp16_pv_step`). 8-column integer programs would each redo the per-key work.
+- Wide groups (16 and more query heads per kv head, CUDA; USE_FP16_PV, `_fp16_pv_tiles`): the
+  whole group in one program with its query heads along M, as a prefill's rows: Q x K as above,
+  P x V in fp16, the V codes widened in registers (exact), P rounded to fp16 (11 bits) after
+  each key's entries are multiplied by its V scale over the largest seen so far. 8-column
+  integer programs would each redo the per-key work.
 - The 16-bit path multiplies in the cache dtype; only under the interpreter (DOT_IN_FP32) are
   the 16-bit operands widened to fp32, because it mishandles bf16 dots.
 """
@@ -60,11 +61,6 @@ from ._paged_tiles import (
 )
 from ._reduce_splits import reduce_spec
 
-# The fp16 P x V decode (USE_FP16_PV) moves its running max only when a tile's scores pass it by
-# more than this (log2 units), and its V reference only when a tile's V scale passes it: P then
-# stays below 127 * 2**8 = 32,512, inside fp16 (65,504), and most tiles skip the rescale.
-_FP16_PV_HEADROOM: tl.constexpr = tl.constexpr(8.0)
-
 # Decode launch shape on CUDA and under the interpreter (`_decode_shape`): one warp per program
 # where its state fits, so no barrier crosses warps inside the tile loop. A second warp comes in
 # when the fp32 accumulator [head, query-head columns] passes _DECODE_ACC_ELEMENTS per lane of one
@@ -89,25 +85,26 @@ _DECODE_TILE_N_HIP = 128
 # decode instead, which keeps up to _FP16_PV_COLUMNS_MAX columns in a program.
 _DECODE_COLUMNS_MAX: dict[str, int] = {"cuda": 8, "interpreter": 8}
 # INT8 decodes of groups that pad to at least _FP16_PV_MIN_COLUMNS[target] query heads run the
-# P x V dot in fp16 (USE_FP16_PV, `_fp16_pv_step`): the whole group (up to
+# P x V dot in fp16 (USE_FP16_PV, `_fp16_pv_tiles`): the whole group (up to
 # _FP16_PV_COLUMNS_MAX columns) in one program, which loads each K/V tile once, where the
-# integer decode's programs of 8 columns each load it and each redo the per-key work. Counted
-# in the sm_90 build (Triton 3.6 / 3.9, head 128, the tile loop without softcap and rescale), per
-# 64 keys of the group: MQA 32/1 2 x 1,200 / 1,111 instructions on 2 warps against 4 x 1,064 /
-# 1,078 for the four 8-column programs; 16/1 2 x 831 / 779 against 2 x 1,064 / 1,078 (DESIGN.md,
-# "Wide groups"). Not timed yet. CUDA only: the V codes are widened by PTX
-# (`widen_codes`); gfx90a keeps the integer dots (its MFMA takes int8 at the fp16 rate;
-# nothing timed there). The interpreter follows CUDA.
+# integer decode's programs of 8 columns each load it and each redo the per-key work. H200, bf16
+# model, head 128, block 16, graph ms at 32 x 8k (`benchmark_decode_attention.py --geometry --pv
+# fp16`; DESIGN.md, "Wide groups"): MQA 32/1 0.041, 16/1 0.031, 32/2 0.051, where the integer
+# decode took 0.055 / 0.036 / 0.056 (`--pv int8`, an earlier run). CUDA only: the V codes are
+# widened by PTX (`widen_codes`); gfx90a keeps the integer dots (its MFMA takes int8 at the fp16
+# rate; nothing timed there). The interpreter follows CUDA.
 _FP16_PV_MIN_COLUMNS: dict[str, int] = {"cuda": 16, "interpreter": 16}
 _FP16_PV_COLUMNS_MAX = 32
-# Launch shape of the fp16 P x V decode (`_fp16_pv_shape`): two warps, which split the keys of
-# the scores and the dims of the accumulator, more where the accumulator passes
-# _FP16_PV_ACC_ELEMENTS fp32 per lane (head 256 at 32 columns); KV tiles of _DECODE_TILE_N_MAX
-# keys, half that at head 256 and where a program without page-wise V loads holds more than
-# _FP16_PV_V_LOAD_COLUMNS head dims x columns. From sm_90 builds (Triton 3.9 and 3.6) of head
-# 64, 96, 128 and 256 at 16 and 32 columns, blocks 16 and 32, both epilogues, none with a stack
-# frame: head 128 at 32 columns 255 registers (block 16); at 64-key tiles block 32 spilled 24
-# bytes there with 3.9, head 256 up to 400 (4 warps: 248). Chosen on resource use; not timed.
+# Launch shape of the fp16 P x V decode (`_fp16_pv_shape`): two warps, more where the accumulator
+# passes _FP16_PV_ACC_ELEMENTS fp32 per lane (head 256 at 32 columns); KV tiles of
+# _DECODE_TILE_N_MAX keys, half that at head 256 and where a program without page-wise V loads
+# holds more than _FP16_PV_V_LOAD_COLUMNS head dims x columns. Chosen on resource use for the
+# earlier orientation (keys along M), where 64-key tiles at block 32 spilled 24 bytes with Triton
+# 3.9 and head 256 up to 400 (4 warps: 248). With the query heads along M, the sm_90 builds with
+# Triton 3.9 of heads 64, 80, 96, 128 and 256 at 16 and 32 columns, blocks 16 and 32, both
+# epilogues have no stack frame (head 128 at 32 columns: 237 registers, 251 with one split).
+# Timed on the H200 at MQA 32/1, 32 x 8k: 64 keys x 2 warps 0.041 ms, 128 x 4 0.042, 32 x 2
+# 0.049, 64 x 4 0.054 (`--geometry --pv fp16@TILExWARPS`).
 _FP16_PV_ACC_ELEMENTS = 64
 _FP16_PV_V_LOAD_COLUMNS = 2048
 # Warps of the HIP decode, as the prefill's were on the H200 when both took 4 warps
@@ -156,7 +153,6 @@ def _decode_tiles(
     QUANTIZED: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     V_PAGEWISE: tl.constexpr,
-    USE_FP16_PV: tl.constexpr,
 ):
     """Decode: online softmax over KV tiles [tile_lo, tile_hi); returns (acc, max, sum).
 
@@ -164,12 +160,11 @@ def _decode_tiles(
     N, scores [N, COLS], accumulator [HEAD_PAD, COLS]. A group of 4 then pads the MMA's 8 columns,
     not its 16 rows: half the tensor-core work and half the accumulator registers, which is what
     lets one warp own a whole program (DESIGN.md, "Keys along M, the group along N, one warp per
-    program"). USE_FP16_PV (INT8, wide groups): the P x V dot of `_fp16_pv_step`.
+    program"). Wide INT8 groups take `_fp16_pv_tiles` instead.
     """
     running_max = tl.full([COLS], float("-inf"), tl.float32)
     running_sum = tl.zeros([COLS], tl.float32)
     acc = tl.zeros([HEAD_PAD, COLS], tl.float32)
-    v_reference = 0.0  # USE_FP16_PV: the V scale P is weighted against (none yet)
     head_k = kv_head.to(tl.int64) * stride_k_h
     head_v = kv_head.to(tl.int64) * stride_v_h
     head_s = kv_head.to(tl.int64) * stride_s_h
@@ -209,71 +204,117 @@ def _decode_tiles(
             scores = apply_softcap(scores, softcap)
         scores = tl.where(key_valid[:, None], scores, float("-inf"))
 
-        if USE_FP16_PV:
-            acc, running_max, running_sum, v_reference = _fp16_pv_step(
-                scores, v, v_scale, finite_v, acc, running_max, running_sum, v_reference,
-                DOT_IN_FP32,
-            )  # fmt: skip
+        p, correction, running_max, running_sum = softmax_step(scores, running_max, running_sum, 0)
+        if QUANTIZED:
+            v_weight, tile_v_max = v_weights(v_scale, finite_v)
+            p_hi, p_lo = _split_to_int8(p * v_weight[:, None])
+            pv = tl.dot(v, p_lo, tl.dot(v, p_hi) * 254, out_dtype=tl.int32)  # exact in int32
+            acc = acc * correction[None, :] + pv.to(tl.float32) * (tile_v_max / (127.0 * 254.0))
         else:
-            p, correction, running_max, running_sum = softmax_step(
-                scores, running_max, running_sum, 0
-            )
-            if QUANTIZED:
-                v_weight, tile_v_max = v_weights(v_scale, finite_v)
-                p_hi, p_lo = _split_to_int8(p * v_weight[:, None])
-                pv = tl.dot(v, p_lo, tl.dot(v, p_hi) * 254, out_dtype=tl.int32)  # exact in int32
-                acc = acc * correction[None, :] + pv.to(tl.float32) * (tile_v_max / (127.0 * 254.0))
+            v = tl.where(key_valid[None, :], v, 0.0)  # stale slots may hold NaN/inf
+            p = p.to(v.dtype)
+            if DOT_IN_FP32:
+                # Rounded to the cache dtype first, as on the GPU path, then multiplied exactly.
+                pv = tl.dot(v.to(tl.float32), p.to(tl.float32), input_precision="ieee")
+                acc = acc * correction[None, :] + pv
             else:
-                v = tl.where(key_valid[None, :], v, 0.0)  # stale slots may hold NaN/inf
-                p = p.to(v.dtype)
-                if DOT_IN_FP32:
-                    # Rounded to the cache dtype first, as on the GPU path, then multiplied exactly.
-                    pv = tl.dot(v.to(tl.float32), p.to(tl.float32), input_precision="ieee")
-                    acc = acc * correction[None, :] + pv
-                else:
-                    acc = acc * correction[None, :] + tl.dot(v, p)
-    if USE_FP16_PV:
-        acc = acc * (v_reference / 127.0)
+                acc = acc * correction[None, :] + tl.dot(v, p)
     return acc, running_max, running_sum
 
 
 @triton.jit
-def _fp16_pv_step(
-    scores,  # [N, COLS] log2 units, -inf for keys that are not valid
-    v,  # [HEAD_PAD, N] int8 codes
-    v_scale,  # [N] 0 for keys that are not valid
-    finite_v,  # [N]
-    acc,  # [HEAD_PAD, COLS] in units of v_reference / 127
-    running_max,
-    running_sum,
-    v_reference,
+def _fp16_pv_tiles(
+    q,  # [COLS, HEAD_PAD] high int8 part of the query rows
+    q_low,  # [COLS, HEAD_PAD] low int8 part
+    score_scale,  # [COLS]
+    tile_lo,
+    tile_hi,
+    first_key,
+    last_key,
+    k_ptr,
+    v_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    block_table_row,
+    kv_head,
+    softcap,
+    block_size,
+    block_shift,
+    stride_k_b,
+    stride_k_h,
+    stride_v_b,
+    stride_v_h,
+    stride_s_b,
+    stride_s_h,
+    COLS: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
+    V_PAGEWISE: tl.constexpr,
 ):
-    """One tile of the online softmax and P x V of an INT8 decode, the dot in fp16 (USE_FP16_PV).
+    """The INT8 decode of a wide group (USE_FP16_PV): `_decode_tiles`' online softmax with the
+    group's query heads along the dots' M and the keys along N, as the prefill's rows; returns
+    (acc [HEAD_PAD, COLS], max, sum) as `_decode_tiles` does.
 
-    The V codes are widened to fp16 in registers (exact); P, each key's entries times its V
-    scale over v_reference, x127, is rounded to fp16 (11 bits; the 16-bit decode rounds P to
-    bf16's 8). The running max and v_reference move only when this tile passes them (by
-    _FP16_PV_HEADROOM for the max): then acc and the sum are rescaled, as the online softmax
-    does every tile. Returns (acc, max, sum, v_reference).
+    A group of 16 or 32 fills the MMA's rows, and each warp then holds whole rows of scores, so
+    the softmax reduces within a warp and P feeds the P x V dot from registers; with the keys
+    along M, as for small groups, every tile reduced across the warps and P passed through
+    shared memory (7-10% slower on the H200; DESIGN.md, "Wide groups"). Q x K on exact int8 dots;
+    P x V in fp16: V codes widened in registers (exact), P times each key's V scale over the
+    largest V scale seen so far (v_reference), x127, rounded to fp16 (11 bits; the 16-bit decode
+    rounds P to bf16's 8). acc is kept in units of v_reference / 127 and rescaled with the max.
     """
-    v_scale = tl.where(finite_v, v_scale, 0.0)
-    tile_v_max = tl.max(v_scale, axis=0)
-    exponents = scores - running_max[None, :]
-    if (tl.max(tl.max(exponents, axis=1), axis=0) > _FP16_PV_HEADROOM) | (tile_v_max > v_reference):
-        new_max = tl.maximum(running_max, tl.max(scores, axis=0))
+    running_max = tl.full([COLS], float("-inf"), tl.float32)
+    running_sum = tl.zeros([COLS], tl.float32)
+    acc = tl.zeros([COLS, HEAD_PAD], tl.float32)
+    v_reference = 1e-6  # the largest finite V scale so far, at least the cache's scale floor
+    head_k = kv_head.to(tl.int64) * stride_k_h
+    head_v = kv_head.to(tl.int64) * stride_v_h
+    head_s = kv_head.to(tl.int64) * stride_s_h
+    for tile in range(tile_lo, tile_hi):
+        _, key_valid, k, v, k_scale, v_scale, finite_v = load_tile(
+            tile,
+            first_key,
+            last_key,
+            k_ptr,
+            v_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            block_table_row,
+            head_k,
+            head_v,
+            head_s,
+            block_size,
+            block_shift,
+            stride_k_b,
+            stride_v_b,
+            stride_s_b,
+            HEAD_SIZE,
+            HEAD_PAD,
+            TILE_N,
+            True,
+            V_PAGEWISE,
+        )
+        k_t = tl.trans(k)
+        qk = tl.dot(q_low, k_t, tl.dot(q, k_t) * 254, out_dtype=tl.int32)  # exact in int32
+        scores = qk.to(tl.float32) * score_scale[:, None] * k_scale[None, :]
+        if softcap > 0:
+            scores = apply_softcap(scores, softcap)
+        scores = tl.where(key_valid[None, :], scores, float("-inf"))
+        v_scale = tl.where(finite_v, v_scale, 0.0)
+        new_reference = tl.maximum(v_reference, tl.max(v_scale, axis=0))
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
         safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
         correction = tl.exp2(running_max - safe_max)
-        new_reference = tl.maximum(tl.maximum(v_reference, tile_v_max), 1e-6)
-        acc = acc * (correction * (v_reference / new_reference))[None, :]
-        running_sum = running_sum * correction
+        acc = acc * (correction * (v_reference / new_reference))[:, None]
+        p = tl.exp2(scores - safe_max[:, None])
+        running_sum = running_sum * correction + tl.sum(p, axis=1)
         running_max = new_max
         v_reference = new_reference
-        exponents = scores - safe_max[None, :]
-    p = tl.exp2(exponents)
-    p_weighted = (p * (v_scale * (127.0 / v_reference))[:, None]).to(tl.float16)
-    acc += dot_16bit(widen_codes(v, not DOT_IN_FP32), p_weighted, DOT_IN_FP32)
-    return acc, running_max, running_sum + tl.sum(p, axis=0), v_reference
+        p_weighted = (p * (v_scale * (127.0 / v_reference))[None, :]).to(tl.float16)
+        acc += dot_16bit(p_weighted, tl.trans(widen_codes(v, not DOT_IN_FP32)), DOT_IN_FP32)
+    return tl.trans(acc) * (v_reference / 127.0), running_max, running_sum
 
 
 @triton.jit
@@ -365,7 +406,7 @@ def _decode_kernel(
     DOT_IN_FP32: tl.constexpr,
     V_PAGEWISE: tl.constexpr,
     ONE_SPLIT: tl.constexpr,  # num_splits == 1: write the result, no partials
-    USE_FP16_PV: tl.constexpr,  # INT8, wide groups: the P x V dot in fp16 (`_fp16_pv_step`)
+    USE_FP16_PV: tl.constexpr,  # INT8, wide groups: `_fp16_pv_tiles`, the P x V dot in fp16
 ):
     """One (sequence, kv head, block of GROUP_PAD of its query heads, split) against its keys.
 
@@ -393,38 +434,69 @@ def _decode_kernel(
     first_key = tl.where(sliding_window > 0, tl.maximum(seq_len - sliding_window, 0), 0)
     tile_lo = first_key // TILE_N + split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, last_key // TILE_N + 1)
-    acc, running_max, running_sum = _decode_tiles(
-        tl.trans(q),
-        tl.trans(q_low),
-        score_scale,
-        tile_lo,
-        tile_hi,
-        first_key,
-        last_key,
-        k_ptr,
-        v_ptr,
-        k_scale_ptr,
-        v_scale_ptr,
-        block_table_ptr + seq.to(tl.int64) * stride_bt,
-        kv_head,
-        softcap,
-        block_size,
-        block_shift,
-        stride_k_b,
-        stride_k_h,
-        stride_v_b,
-        stride_v_h,
-        stride_s_b,
-        stride_s_h,
-        GROUP_PAD,
-        HEAD_SIZE,
-        HEAD_PAD,
-        TILE_N,
-        QUANTIZED,
-        DOT_IN_FP32,
-        V_PAGEWISE,
-        USE_FP16_PV,
-    )
+    if USE_FP16_PV:
+        acc, running_max, running_sum = _fp16_pv_tiles(
+            q,
+            q_low,
+            score_scale,
+            tile_lo,
+            tile_hi,
+            first_key,
+            last_key,
+            k_ptr,
+            v_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            block_table_ptr + seq.to(tl.int64) * stride_bt,
+            kv_head,
+            softcap,
+            block_size,
+            block_shift,
+            stride_k_b,
+            stride_k_h,
+            stride_v_b,
+            stride_v_h,
+            stride_s_b,
+            stride_s_h,
+            GROUP_PAD,
+            HEAD_SIZE,
+            HEAD_PAD,
+            TILE_N,
+            DOT_IN_FP32,
+            V_PAGEWISE,
+        )
+    else:
+        acc, running_max, running_sum = _decode_tiles(
+            tl.trans(q),
+            tl.trans(q_low),
+            score_scale,
+            tile_lo,
+            tile_hi,
+            first_key,
+            last_key,
+            k_ptr,
+            v_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            block_table_ptr + seq.to(tl.int64) * stride_bt,
+            kv_head,
+            softcap,
+            block_size,
+            block_shift,
+            stride_k_b,
+            stride_k_h,
+            stride_v_b,
+            stride_v_h,
+            stride_s_b,
+            stride_s_h,
+            GROUP_PAD,
+            HEAD_SIZE,
+            HEAD_PAD,
+            TILE_N,
+            QUANTIZED,
+            DOT_IN_FP32,
+            V_PAGEWISE,
+        )
 
     # ---- Epilogue: the result itself, or this split's partial result ----
     # A variant of its own (ONE_SPLIT), not a runtime choice: with a runtime branch here the
