@@ -37,6 +37,8 @@ from kvquant.timing import graph_ms
 
 # Launch shapes `--sweep` times (`PrefillConfig`: rows, tile_n, warps, stages).
 PREFILL_SWEEP = (
+    PrefillConfig(64, 64, 4, 1),
+    PrefillConfig(128, 64, 8, 1),
     PrefillConfig(64, 64, 4, 2),
     PrefillConfig(64, 64, 8, 2),
     PrefillConfig(128, 64, 8, 2),

@@ -177,12 +177,15 @@ def test_an_explicit_config_reaches_the_kernel_and_keeps_the_numerics(
 
 
 def test_the_shipped_configs_by_target() -> None:
-    """gfx90a takes smaller tiles than CUDA (2 waves per SIMD) and no pipelining; head 256
-    takes its own shape on both."""
-    assert prefill_config(128, "cuda") == PrefillConfig(64, 64, 4, 2)
-    assert prefill_config(128, "hip") == PrefillConfig(64, 32, 4, 1)
-    assert prefill_config(256, "cuda").tile_n == prefill_config(256, "hip").tile_n == 32
-    assert {prefill_config(h, "hip").num_stages for h in (64, 128, 256)} == {1}
+    """gfx90a takes smaller tiles than CUDA (2 waves per SIMD) and no pipelining; the INT8
+    prefill on CUDA one stage, the 16-bit one two; head 256 takes its own shape on both."""
+    assert prefill_config(128, "cuda", quantized=False) == PrefillConfig(64, 64, 4, 2)
+    assert prefill_config(128, "cuda", quantized=True) == PrefillConfig(64, 64, 4, 1)
+    for quantized in (False, True):
+        assert prefill_config(128, "hip", quantized) == PrefillConfig(64, 32, 4, 1)
+        assert prefill_config(256, "cuda", quantized).tile_n == 32
+        assert prefill_config(256, "hip", quantized).tile_n == 32
+        assert {prefill_config(h, "hip", quantized).num_stages for h in (64, 128, 256)} == {1}
 
 
 def test_a_plan_runs_again_over_new_contents(device: torch.device, gen: torch.Generator) -> None:
@@ -247,7 +250,8 @@ def test_launch_shapes_compute_the_same_attention_gpu(
 ) -> None:
     """The shipped CUDA launch shape and its 8-warp neighbour, on long prefixes and chunks:
     each within the reference's tolerance."""
-    configs = [PrefillConfig(64, 64, 4, 2), PrefillConfig(64, 64, 8, 2)]
+    shipped = prefill_config(head_size, "cuda", quantized=cache_dtype == torch.int8)
+    configs = [shipped, PrefillConfig(64, 64, 8, 2)]
     batch = paged_batch(
         [2048 + 256, 700, 1000], device, gen, head_size=head_size, block_size=block_size,
         group=4, cache_dtype=cache_dtype, q_lens=[256, 700, 33],

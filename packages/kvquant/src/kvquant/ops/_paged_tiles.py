@@ -53,6 +53,7 @@ def load_tile(
     TILE_N: tl.constexpr,
     QUANTIZED: tl.constexpr,
     V_PAGEWISE: tl.constexpr,
+    ALL_VALID: tl.constexpr = False,  # the caller knows every key of the tile is valid
 ):
     """KV tile ``tile``: (keys, key_valid, K [N, D], V [D, N], K scales, V scales, finite V).
 
@@ -63,7 +64,9 @@ def load_tile(
     whole pages (a key past the end reads its page's stale slot, or page 0 for a page past the
     end); callers remove keys that are not valid from scores, P and (16-bit) V. INT8: V scales
     of keys that are not valid are 0; a key whose V scale is not finite gets a NaN K scale.
-    16-bit: the scales are zeros, never read.
+    With ALL_VALID (the prefill's unmasked tiles: every row sees every key) the scales come as
+    loaded, and the caller poisons the rows through P instead. 16-bit: the scales are zeros,
+    never read.
     """
     dims = tl.arange(0, HEAD_PAD)
     dim_valid = dims < HEAD_SIZE
@@ -112,12 +115,16 @@ def load_tile(
     if QUANTIZED:
         s_base = tl.multiple_of(tl.max_constancy(page * stride_s_b + head_s, PAGE_RUN), 16)
         k_scale = tl.load(k_scale_ptr + s_base + slot)
-        # Stale scales of masked keys may be anything, inf included: zero them.
-        v_scale = tl.where(key_valid, tl.load(v_scale_ptr + s_base + slot), 0.0)
-        # A non-finite V scale (poisoned token) cannot reach the int8 P tile; it makes the
-        # key's scores NaN instead, so exactly the rows that see the token turn NaN.
-        finite_v = v_scale - v_scale == 0.0
-        k_scale = tl.where(finite_v, k_scale, float("nan"))
+        if ALL_VALID:
+            v_scale = tl.load(v_scale_ptr + s_base + slot)
+            finite_v = v_scale - v_scale == 0.0
+        else:
+            # Stale scales of masked keys may be anything, inf included: zero them.
+            v_scale = tl.where(key_valid, tl.load(v_scale_ptr + s_base + slot), 0.0)
+            # A non-finite V scale (poisoned token) cannot reach the int8 P tile; it makes the
+            # key's scores NaN instead, so exactly the rows that see the token turn NaN.
+            finite_v = v_scale - v_scale == 0.0
+            k_scale = tl.where(finite_v, k_scale, float("nan"))
     else:
         k_scale = tl.zeros([TILE_N], tl.float32)
         v_scale = k_scale
@@ -180,12 +187,13 @@ def widen_codes(codes, PTX: tl.constexpr):
 
 
 @triton.jit
-def dot_16bit(a, b, DOT_IN_FP32: tl.constexpr):
-    """fp16 tiles multiplied with fp32 sums; under the interpreter widened to fp32 first (the
-    products of fp16 values are exact in fp32, as on the tensor cores)."""
+def dot_16bit(a, b, DOT_IN_FP32: tl.constexpr, acc=None):
+    """fp16 tiles multiplied with fp32 sums (added to ``acc`` if given); under the interpreter
+    widened to fp32 first (the products of fp16 values are exact in fp32, as on the tensor
+    cores)."""
     if DOT_IN_FP32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b)
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
 
 
 @triton.jit

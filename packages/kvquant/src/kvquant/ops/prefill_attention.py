@@ -59,7 +59,6 @@ from ._paged_tiles import (
     query_is_bf16,
     shared_constexprs,
     softmax_step,
-    v_weights,
     widen_codes,
 )
 
@@ -98,17 +97,14 @@ class PrefillConfig:
 #   16-bit  64 / 64 / 4 / 2   1.571 / 8.651 / 8.518 / 1.163
 #          128 / 64 / 8 / 2   1.548 / 9.146 / 8.689 / 1.136
 #         128 / 128 / 8 / 2   1.496 / 8.190 / 7.930 / 1.176 (spills 8 bytes in the sm_90 build)
-#   INT8    64 / 64 / 4 / 2   2.566 / 13.604 / 13.794 / 1.877
-#          128 / 64 / 8 / 2   2.686 / 14.125 / 14.371 / 1.984
-#     and 1.59-1.98 / 2.69-3.49 ms at the first shape for 128 rows with 32- and 128-key tiles,
-#     3 stages or 4 warps. INT8 variants at 64 / 64 / 4 / 2 (same data, one run): codes widened by
-#     Triton's conversion instead of PTX 2.793 / 15.006 ms, V gathered key by key instead of page
-#     by page 2.625 / 14.129 ms. In another run, 8 warps: INT8 4.215 / 23.057, 16-bit 2.880 /
-#     16.000; the dots transposed (keys along M, the widened codes as the first operand, from
-#     registers) on 8 warps, the only such shape without a stack frame in the sm_90 build: INT8
-#     4.633 / 25.465, 16-bit 3.816 / 21.339 (against 2.556 / 13.601 and 1.576 / 8.745 at the
-#     shipped shape in that run); removed.
+#     and 8 warps 2.880 / 16.000 in another run. INT8: DESIGN.md, "Launch shape" and "What the
+#     INT8 prefill still costs".
 _CONFIG_CUDA = PrefillConfig(rows=64, tile_n=64, num_warps=4, num_stages=2)
+# INT8: one stage, measured faster; why is not established (the sm_90 build with Triton 3.9: 236
+# registers and 32 KB of shared memory, against 244 and 49 KB at two stages). H200, ms at the
+# four shapes above: 2.067 / 11.189 / 11.565 / 1.494, against 2.324 / 12.392 / 12.604 / 1.707 at
+# two stages.
+_CONFIG_CUDA_INT8 = PrefillConfig(rows=64, tile_n=64, num_warps=4, num_stages=1)
 # Head 256 at that shape spills (sm_90 build: 376-600 bytes at one stage; more shared memory than
 # an H200 has at two); 32-key tiles on 8 warps do not. Chosen on resource use; not timed.
 _CONFIG_CUDA_HEAD_256 = PrefillConfig(rows=64, tile_n=32, num_warps=8, num_stages=1)
@@ -155,6 +151,7 @@ def _prefill_tiles(
     acc,  # [ROWS, HEAD_PAD] fp32
     running_max,  # [ROWS] log2 units
     running_sum,  # [ROWS]
+    v_reference,  # INT8: the largest finite V scale so far (see below)
     q,  # [ROWS, HEAD_PAD] fp16 (INT8 cache), else the cache dtype
     score_scale,  # [ROWS]
     row_pos,  # [ROWS] key position of each row's query token (the causal mask)
@@ -186,12 +183,17 @@ def _prefill_tiles(
     WIDEN_PTX: tl.constexpr,
     MASKED: tl.constexpr,  # False: every row sees every key of these tiles
 ):
-    """Online softmax over KV tiles [tile_lo, tile_hi); returns (acc, max, sum)."""
+    """Online softmax over KV tiles [tile_lo, tile_hi); returns (acc, max, sum, v_reference).
+
+    INT8: acc is kept in units of v_reference / 127, v_reference the largest finite V scale so
+    far, so P x V accumulates inside the dot (its scale moves into the per-row rescale the
+    online softmax does anyway); P is each key's V scale over v_reference, x127, times P.
+    """
     for tile in range(tile_lo, tile_hi):
         keys, key_valid, k, v, k_scale, v_scale, finite_v = load_tile(
             tile, first_key, last_key, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, block_table_row,
             head_k, head_v, head_s, block_size, block_shift, stride_k_b, stride_v_b, stride_s_b,
-            HEAD_SIZE, HEAD_PAD, TILE_N, QUANTIZED, V_PAGEWISE,
+            HEAD_SIZE, HEAD_PAD, TILE_N, QUANTIZED, V_PAGEWISE, not MASKED,
         )  # fmt: skip
         if QUANTIZED:
             k = widen_codes(k, WIDEN_PTX)
@@ -207,17 +209,23 @@ def _prefill_tiles(
             scores = tl.where(visible, scores, float("-inf"))
         p, correction, running_max, running_sum = softmax_step(scores, running_max, running_sum, 1)
         if QUANTIZED:
-            # Keys that are not valid have V weight 0, so their stale codes add nothing.
-            v_weight, tile_v_max = v_weights(v_scale, finite_v)
+            largest = tl.max(tl.where(finite_v, v_scale, 0.0), axis=0)
+            new_reference = tl.maximum(v_reference, largest)
+            # A key with a non-finite V scale: weight 0 where rows may not see it (its NaN K
+            # scale poisons the rows that do); NaN in an unmasked tile, where every row sees it.
+            v_weight = tl.where(
+                finite_v, v_scale * (127.0 / new_reference), 0.0 if MASKED else float("nan")
+            )
             p = (p * v_weight[None, :]).to(tl.float16)
-            pv = dot_16bit(p, tl.trans(widen_codes(v, WIDEN_PTX)), DOT_IN_FP32)
-            acc = acc * correction[:, None] + pv * (tile_v_max / 127.0)
+            acc = acc * (correction * (v_reference / new_reference))[:, None]
+            v_reference = new_reference
+            acc = dot_16bit(p, tl.trans(widen_codes(v, WIDEN_PTX)), DOT_IN_FP32, acc)
         else:
             if MASKED:
                 v = tl.where(key_valid[None, :], v, 0.0)  # stale slots may hold NaN/inf
             pv = dot_16bit(p.to(v.dtype), tl.trans(v), DOT_IN_FP32)
             acc = acc * correction[:, None] + pv
-    return acc, running_max, running_sum
+    return acc, running_max, running_sum, v_reference
 
 
 @triton.jit(
@@ -314,15 +322,16 @@ def _prefill_kernel(
     acc = tl.zeros([ROWS, HEAD_PAD], tl.float32)
     running_max = tl.full([ROWS], float("-inf"), tl.float32)
     running_sum = tl.zeros([ROWS], tl.float32)
-    acc, running_max, running_sum = _prefill_tiles(
-        acc, running_max, running_sum, q, score_scale, row_pos, first_key // TILE_N, unmasked_hi,
-        first_key, last_key, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, block_table_row, head_k,
-        head_v, head_s, softcap, sliding_window, block_size, block_shift, stride_k_b, stride_v_b,
-        stride_s_b, HEAD_SIZE, HEAD_PAD, TILE_N, QUANTIZED, DOT_IN_FP32, V_PAGEWISE, WIDEN_PTX,
-        False,
+    v_reference = 1e-6  # at least the cache's scale floor
+    acc, running_max, running_sum, v_reference = _prefill_tiles(
+        acc, running_max, running_sum, v_reference, q, score_scale, row_pos, first_key // TILE_N,
+        unmasked_hi, first_key, last_key, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, block_table_row,
+        head_k, head_v, head_s, softcap, sliding_window, block_size, block_shift, stride_k_b,
+        stride_v_b, stride_s_b, HEAD_SIZE, HEAD_PAD, TILE_N, QUANTIZED, DOT_IN_FP32, V_PAGEWISE,
+        WIDEN_PTX, False,
     )  # fmt: skip
-    acc, running_max, running_sum = _prefill_tiles(
-        acc, running_max, running_sum, q, score_scale, row_pos,
+    acc, running_max, running_sum, v_reference = _prefill_tiles(
+        acc, running_max, running_sum, v_reference, q, score_scale, row_pos,
         tl.maximum(unmasked_hi, first_key // TILE_N), last_key // TILE_N + 1, first_key,
         last_key, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, block_table_row, head_k, head_v,
         head_s, softcap, sliding_window, block_size, block_shift, stride_k_b, stride_v_b,
@@ -331,6 +340,8 @@ def _prefill_kernel(
     )  # fmt: skip
 
     # ---- Epilogue ----
+    if QUANTIZED:
+        acc = acc * (v_reference / 127.0)
     out_rows = (q_first + row_token).to(tl.int64)
     o_offsets = out_rows[:, None] * stride_o_t + row_head.to(tl.int64)[:, None] * stride_o_h
     tl.store(
@@ -340,13 +351,15 @@ def _prefill_kernel(
     )
 
 
-def prefill_config(head_size: int, target: str) -> PrefillConfig:
-    """The launch shape the prefill ships with for this head size on ``target``."""
+def prefill_config(head_size: int, target: str, quantized: bool) -> PrefillConfig:
+    """The launch shape the prefill ships with for this head size and cache on ``target``."""
     if target == "hip":
         return _CONFIG_HIP_HEAD_256 if next_power_of_2(head_size) >= 256 else _CONFIG_HIP
     if target == "interpreter":
         return _CONFIG_INTERPRETER
-    return _CONFIG_CUDA_HEAD_256 if next_power_of_2(head_size) >= 256 else _CONFIG_CUDA
+    if next_power_of_2(head_size) >= 256:
+        return _CONFIG_CUDA_HEAD_256
+    return _CONFIG_CUDA_INT8 if quantized else _CONFIG_CUDA
 
 
 @functools.cache
@@ -363,7 +376,7 @@ def prefill_spec(
 ) -> KernelSpec:
     """The prefill kernel the launcher compiles; out_dtype (fp32 for tests) defaults to model's;
     ``config`` to `prefill_config`'s choice."""
-    config = config or prefill_config(head_size, target)
+    config = config or prefill_config(head_size, target, cache_dtype == torch.int8)
     constexprs = shared_constexprs(head_size, block_size, cache_dtype, target)
     # Both caches' dots are 16-bit; the interpreter gets them in fp32 (exact there).
     constexprs["DOT_IN_FP32"] = target == "interpreter"
