@@ -8,11 +8,12 @@ walks KV tiles of TILE_N keys with an online softmax in two loops: the tiles eve
 Both caches multiply on the 16-bit tensor cores. INT8: an int8 code is exact in fp16 (|code| <=
 128 needs 8 significant bits), so K and V codes are widened in registers and the scales move
 outside the dots: each key's K scale multiplies its column of scores after Q x K, each key's V
-scale (over the tile's largest) its column of P before P x V, and the tile's largest V scale the
-result. The query goes to fp16 divided by a power of two at its row's largest |q| (exact: a bf16
-or fp16 value keeps every bit, below 2**-14 of the row's largest as a subnormal), whatever the
-model's dtype, so one compiled variant serves fp16 and bf16 models; P is rounded to fp16 (11
-bits; the 16-bit path rounds it to the cache dtype).
+scale (over the largest V scale so far) its column of P before P x V, and the accumulator, kept
+in units of that largest scale, is rescaled with the softmax's running max. The query goes to
+fp16 divided by a power of two at its row's largest |q| (exact: a bf16 or fp16 value keeps every
+bit, below 2**-14 of the row's largest as a subnormal), whatever the model's dtype, so one
+compiled variant serves fp16 and bf16 models; P is rounded to fp16 (11 bits; the 16-bit path
+rounds it to the cache dtype).
 """
 
 # mypy: disable-error-code="no-untyped-def"
@@ -98,7 +99,7 @@ class PrefillConfig:
 #          128 / 64 / 8 / 2   1.548 / 9.146 / 8.689 / 1.136
 #         128 / 128 / 8 / 2   1.496 / 8.190 / 7.930 / 1.176 (spills 8 bytes in the sm_90 build)
 #     and 8 warps 2.880 / 16.000 in another run. INT8: DESIGN.md, "Launch shape" and "What the
-#     INT8 prefill still costs".
+#     INT8 prefill costs".
 _CONFIG_CUDA = PrefillConfig(rows=64, tile_n=64, num_warps=4, num_stages=2)
 # INT8: one stage, measured faster; why is not established (the sm_90 build with Triton 3.9: 236
 # registers and 32 KB of shared memory, against 244 and 49 KB at two stages). H200, ms at the
