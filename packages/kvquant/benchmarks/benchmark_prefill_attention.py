@@ -1,7 +1,7 @@
 """Chunked prefill on the H200: INT8 cache vs our 16-bit cache vs PyTorch's dense SDPA flash.
 
 Run on a CUDA device:
-  python benchmarks/benchmark_prefill_attention.py [--sweep]
+  python benchmarks/benchmark_prefill_attention.py [--sweep | --profile]
 
 Shapes (PREFILL_SHAPES, batch x (cached + new tokens)) in the decode benchmark's geometry: bf16
 model, 32 query heads, 8 kv heads, head size 128, block size 16; random, non-zero inputs. Each
@@ -10,7 +10,8 @@ read that clears the L2 (`kvquant.timing`): the prefill's checked launch (`plan_
 reads cu_seqlens_q on the host once) for our kernels, and for SDPA the flash backend on a dense
 bf16 cache, GQA by repeating K and V and a cached prefix by the lower-right causal mask. TFLOP/s
 counts the causal FLOPs of the new tokens. ``--sweep`` times both caches at each launch shape of
-PREFILL_SWEEP instead.
+PREFILL_SWEEP instead; ``--profile`` launches each prefill twice at the first shape, untimed, for
+Nsight Compute.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from _shapes import (
 )
 
 from kvquant import PrefillConfig
-from kvquant.ops.prefill_attention import plan_prefill
+from kvquant.ops.prefill_attention import PrefillPlan, plan_prefill
 from kvquant.timing import graph_ms
 
 # Launch shapes `--sweep` times (`PrefillConfig`: rows, tile_n, warps, stages).
@@ -50,18 +51,24 @@ PREFILL_SWEEP = (
 )
 
 
-def prefill_ms(
+def planned_prefill(
     batch: int, cached: int, new: int, cache_dtype: torch.dtype, config: PrefillConfig | None = None
-) -> float:
-    """One chunked prefill, its checked launch (`plan_prefill`) replayed as a CUDA graph."""
+) -> PrefillPlan:
+    """One chunked prefill of random data, its checked launch (`plan_prefill`)."""
     setup = DecodeSetup(batch, cached + new, cache_dtype)
     query = torch.randn(batch * new, NUM_Q_HEADS, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE)
     cu_seqlens_q = torch.arange(0, (batch + 1) * new, new, device="cuda", dtype=torch.int32)
-    plan = plan_prefill(
+    return plan_prefill(
         query, setup.cache, setup.block_table, setup.seq_lens, cu_seqlens_q, SOFTMAX_SCALE,
         config=config,
     )  # fmt: skip
-    return graph_ms(plan.run)
+
+
+def prefill_ms(
+    batch: int, cached: int, new: int, cache_dtype: torch.dtype, config: PrefillConfig | None = None
+) -> float:
+    """One chunked prefill, its checked launch replayed as a CUDA graph."""
+    return graph_ms(planned_prefill(batch, cached, new, cache_dtype, config).run)
 
 
 def sdpa_prefill_ms(batch: int, cached: int, new: int) -> float:
@@ -121,12 +128,29 @@ def prefill_sweep() -> None:
         print(f"{str(dtype)[6:]:>8} {launch_shape} " + " ".join(cells), flush=True)
 
 
+def profiled_launches() -> None:
+    """Each cache's prefill launched twice at the first shape, untimed, for a profiler: INT8's two
+    launches, then the 16-bit cache's (``ncu --kernel-name regex:prefill --launch-skip 1`` skips the
+    first, which also compiles)."""
+    for cache_dtype in (torch.int8, MODEL_DTYPE):
+        plan = planned_prefill(*PREFILL_SHAPES[0], cache_dtype)
+        for _ in range(2):
+            plan.run()
+        torch.cuda.synchronize()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sweep", action="store_true", help="sweep launch shapes instead")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--sweep", action="store_true", help="sweep launch shapes instead")
+    mode.add_argument(
+        "--profile", action="store_true", help="launch each prefill twice, untimed, for ncu"
+    )
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    if args.sweep:
+    if args.profile:
+        profiled_launches()
+    elif args.sweep:
         prefill_sweep()
     else:
         prefill_table()
