@@ -31,6 +31,7 @@ import functools
 import importlib.util
 import itertools
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -418,25 +419,30 @@ def upstream_bf16() -> Callable[[DecodeSetup], Callable[[], None]] | None:
 @dataclass(frozen=True)
 class PvChoice:
     """One INT8 decode of the geometry table (--pv): its P x V dot ("auto": the launch's
-    choice, "int8", "fp16"), and for fp16 optionally a forced launch shape, "fp16@TILExWARPS"."""
+    choice, "int8", "fp16"), and for fp16 optionally a forced launch shape,
+    "fp16@TILExWARPS[xSTAGES]"."""
 
     name: str
     fp16_pv: bool | None
-    shape: tuple[int, int] | None = None
+    shape: tuple[int, ...] | None = None
 
 
 def pv_choice(text: str) -> PvChoice:
-    """--pv's argument type: auto, int8, fp16 or fp16@TILExWARPS."""
+    """--pv's argument type: auto, int8, fp16 or fp16@TILExWARPS[xSTAGES]."""
     kind, _, shape = text.partition("@")
     choices = {"auto": None, "int8": False, "fp16": True}
     if kind not in choices or (shape and kind != "fp16"):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected auto, int8, fp16 or fp16@TILExWARPS")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected auto, int8, fp16 or fp16@TILExWARPS[xSTAGES]"
+        )
     if not shape:
         return PvChoice(text, choices[kind])
-    tile, _, warps = shape.partition("x")
-    if not (tile.isdigit() and warps.isdigit()):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected fp16@TILExWARPS, e.g. fp16@32x2")
-    return PvChoice(text, True, (int(tile), int(warps)))
+    parts = shape.split("x")
+    if len(parts) not in (2, 3) or not all(part.isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected fp16@TILExWARPS[xSTAGES], e.g. fp16@32x2 or fp16@64x2x4"
+        )
+    return PvChoice(text, True, tuple(map(int, parts)))
 
 
 def group_filter(text: str) -> tuple[int, int]:
@@ -462,8 +468,13 @@ def int8_config(geometry: tuple[int, int, int], cap: int, choice: PvChoice) -> D
     )
     if choice.shape is None:
         return config
-    tile_n, num_warps = choice.shape
-    return dataclasses.replace(config, tile_n=tile_n, num_warps=num_warps)
+    tile_n, num_warps, *stages = choice.shape
+    return dataclasses.replace(
+        config,
+        tile_n=tile_n,
+        num_warps=num_warps,
+        num_stages=stages[0] if stages else config.num_stages,
+    )
 
 
 def geometry_table(
@@ -575,10 +586,14 @@ def _us(times_ms: list[float]) -> str:
     return "/".join(f"{t * 1e3:.1f}" for t in times_ms)
 
 
-def profile_target(batch: int, context: int) -> None:
-    """Three INT8 and three bf16 decodes of one shape, for a profiler (ncu --launch-skip)."""
+def profile_target(batch: int, context: int, groups: Sequence[tuple[int, int]]) -> None:
+    """Three INT8 and three bf16 decodes of one shape, for a profiler (ncu --launch-skip), in the
+    geometry of the one ``groups`` entry (query/kv heads, head size HEAD_SIZE), else the default."""
+    if len(groups) > 1:
+        sys.exit("benchmark_decode_attention: --profile takes at most one --groups entry")
+    geometry = (*groups[0], HEAD_SIZE) if groups else (NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE)
     for dtype in (torch.int8, MODEL_DTYPE):
-        setup = DecodeSetup(batch, context, dtype)
+        setup = DecodeSetup(batch, context, dtype, geometry=geometry)
         for _ in range(3):
             setup.run()
         torch.cuda.synchronize()
@@ -618,7 +633,7 @@ def main() -> None:
         default=[PvChoice("auto", None)],
         metavar="CHOICE",
         help="--geometry: the INT8 decode's P x V dot to time, in turn: auto (the launch's "
-        "choice), int8, fp16, or fp16@TILExWARPS (a forced launch shape)",
+        "choice), int8, fp16, or fp16@TILExWARPS[xSTAGES] (a forced launch shape)",
     )
     parser.add_argument(
         "--groups",
@@ -626,7 +641,8 @@ def main() -> None:
         type=group_filter,
         default=[],
         metavar="Q/KV",
-        help="--geometry: only the rows of these query/kv heads (e.g. 32/1 16/1)",
+        help="--geometry: only the rows of these query/kv heads (e.g. 32/1 16/1); --profile: its "
+        "geometry",
     )
     parser.add_argument(
         "--num-splits",
@@ -642,12 +658,13 @@ def main() -> None:
         nargs=2,
         type=int,
         metavar=("BATCH", "CONTEXT"),
-        help="run a few decodes of one shape for a profiler instead",
+        help="run a few decodes of one shape for a profiler instead (in the one --groups "
+        "geometry, if given)",
     )
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     if args.profile:
-        profile_target(*args.profile)
+        profile_target(*args.profile, args.groups)
     elif args.sweep:
         sweep()
     elif args.splits:

@@ -84,7 +84,10 @@ def test_vllm_backend_scores_auto_against_int8(tmp_path: Path, named: bool) -> N
     done = _kvbench_accuracy(tmp_path, **({"KVBENCH_VLLM_PYTHON": sys.executable} if named else {}))
     log = done.stdout + done.stderr
     assert done.returncode in (0, 1), log[-3000:]
-    result = json.loads((tmp_path / "out" / "accuracy.json").read_text(encoding="utf-8"))
+    # Exit 1 is also what an uncaught exception gives: without a result, show why.
+    result_file = tmp_path / "out" / "accuracy.json"
+    assert result_file.is_file(), log[-3000:]
+    result = json.loads(result_file.read_text(encoding="utf-8"))
     assert result["backend"] == "vllm"
     (row,) = result["rows"]
     assert (row["task"], row["metric"], row["mode"], row["n"]) == (
