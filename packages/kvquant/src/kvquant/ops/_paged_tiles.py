@@ -161,6 +161,20 @@ def v_weights(v_scale, finite_v):
 
 
 @triton.jit
+def running_v_weights(v_scale, finite_v, v_reference, NOT_FINITE_WEIGHT: tl.constexpr):
+    """INT8 P tile against the running V reference, the largest finite V scale so far: each key's
+    V scale over the new reference, x127 (NOT_FINITE_WEIGHT for a non-finite one); the factor
+    that takes an accumulator kept in units of the old reference to the new; the new reference.
+    """
+    finite_scale = tl.where(finite_v, v_scale, 0.0)
+    new_reference = tl.maximum(v_reference, tl.max(finite_scale, axis=0))
+    weight = finite_scale * (127.0 / new_reference)
+    if NOT_FINITE_WEIGHT != 0.0:
+        weight = tl.where(finite_v, weight, NOT_FINITE_WEIGHT)
+    return weight, v_reference / new_reference, new_reference
+
+
+@triton.jit
 def widen_codes(codes, PTX: tl.constexpr):
     """int8 codes as fp16, exactly. PTX (CUDA), 5 instructions per 4 codes: each code, its sign
     bit flipped (code + 128), becomes the low mantissa byte of 1024.0, and 1152 is subtracted.

@@ -54,6 +54,7 @@ from ._paged_tiles import (
     dot_16bit,
     float_from_bits,
     load_tile,
+    running_v_weights,
     shared_constexprs,
     softmax_step,
     v_weights,
@@ -302,17 +303,15 @@ def _fp16_pv_tiles(
         if softcap > 0:
             scores = apply_softcap(scores, softcap)
         scores = tl.where(key_valid[None, :], scores, float("-inf"))
-        v_scale = tl.where(finite_v, v_scale, 0.0)
-        new_reference = tl.maximum(v_reference, tl.max(v_scale, axis=0))
+        v_weight, rescale, v_reference = running_v_weights(v_scale, finite_v, v_reference, 0.0)
         new_max = tl.maximum(running_max, tl.max(scores, axis=1))
         safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
         correction = tl.exp2(running_max - safe_max)
-        acc = acc * (correction * (v_reference / new_reference))[:, None]
+        acc = acc * (correction * rescale)[:, None]
         p = tl.exp2(scores - safe_max[:, None])
         running_sum = running_sum * correction + tl.sum(p, axis=1)
         running_max = new_max
-        v_reference = new_reference
-        p_weighted = (p * (v_scale * (127.0 / v_reference))[None, :]).to(tl.float16)
+        p_weighted = (p * v_weight[None, :]).to(tl.float16)
         acc += dot_16bit(p_weighted, tl.trans(widen_codes(v, not DOT_IN_FP32)), DOT_IN_FP32)
     return tl.trans(acc) * (v_reference / 127.0), running_max, running_sum
 

@@ -58,6 +58,7 @@ from ._paged_tiles import (
     kernel_operand,
     load_tile,
     query_is_bf16,
+    running_v_weights,
     shared_constexprs,
     softmax_step,
     widen_codes,
@@ -210,16 +211,13 @@ def _prefill_tiles(
             scores = tl.where(visible, scores, float("-inf"))
         p, correction, running_max, running_sum = softmax_step(scores, running_max, running_sum, 1)
         if QUANTIZED:
-            largest = tl.max(tl.where(finite_v, v_scale, 0.0), axis=0)
-            new_reference = tl.maximum(v_reference, largest)
             # A key with a non-finite V scale: weight 0 where rows may not see it (its NaN K
             # scale poisons the rows that do); NaN in an unmasked tile, where every row sees it.
-            v_weight = tl.where(
-                finite_v, v_scale * (127.0 / new_reference), 0.0 if MASKED else float("nan")
+            v_weight, rescale, v_reference = running_v_weights(
+                v_scale, finite_v, v_reference, 0.0 if MASKED else float("nan")
             )
             p = (p * v_weight[None, :]).to(tl.float16)
-            acc = acc * (correction * (v_reference / new_reference))[:, None]
-            v_reference = new_reference
+            acc = acc * (correction * rescale)[:, None]
             acc = dot_16bit(p, tl.trans(widen_codes(v, WIDEN_PTX)), DOT_IN_FP32, acc)
         else:
             if MASKED:
