@@ -31,7 +31,6 @@ import functools
 import importlib.util
 import itertools
 import statistics
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -589,8 +588,6 @@ def _us(times_ms: list[float]) -> str:
 def profile_target(batch: int, context: int, groups: Sequence[tuple[int, int]]) -> None:
     """Three INT8 and three bf16 decodes of one shape, for a profiler (ncu --launch-skip), in the
     geometry of the one ``groups`` entry (query/kv heads, head size HEAD_SIZE), else the default."""
-    if len(groups) > 1:
-        sys.exit("benchmark_decode_attention: --profile takes at most one --groups entry")
     geometry = (*groups[0], HEAD_SIZE) if groups else (NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE)
     for dtype in (torch.int8, MODEL_DTYPE):
         setup = DecodeSetup(batch, context, dtype, geometry=geometry)
@@ -662,6 +659,8 @@ def main() -> None:
         "geometry, if given)",
     )
     args = parser.parse_args()
+    if args.profile and len(args.groups) > 1:
+        parser.error("--profile takes at most one --groups entry")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     if args.profile:
         profile_target(*args.profile, args.groups)
