@@ -89,6 +89,9 @@ def running_prefect_server(
         "PREFECT_LOGGING_LEVEL": "WARNING",
         # Workers poll often, so a test waits seconds, not the default 10 s, for a pickup.
         "PREFECT_WORKER_QUERY_SECONDS": "2",
+        # No runs from the deployments' cron schedules: a test that ran near the nightly's hour
+        # would hand its worker a full nightly on embedded defaults instead of its own run.
+        "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "false",
         # The kernel build cache of these runs stays out of the user's ~/.cache.
         "KVQUANT_BUILD_CACHE": str(home / "kvquant-build-cache"),
     }
@@ -146,8 +149,13 @@ def create_pools(server: PrefectServer) -> None:
 
 
 def deploy_all(server: PrefectServer) -> None:
+    """Every deployment of flows/prefect.yaml, its schedules kept but none of their runs made."""
     deployed = server.cli("deploy", "--all", "--prefect-file", "flows/prefect.yaml", "--no-prompt")
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    scheduled = server.api(
+        "POST", "/flow_runs/filter", {"flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}}
+    )
+    assert scheduled == [], [run["name"] for run in scheduled]  # type: ignore[union-attr,index]
 
 
 def start_worker(
