@@ -78,7 +78,7 @@ def test_two_runs_share_one_gpu_in_turn_and_write_adrs_on_cpu(
             for _ in range(2)
         ]
         assert all(s.returncode == 0 for s in started), [s.stderr for s in started]
-        # By id: the nightly's cron schedule adds runs of its own, for 02:00.
+        # By id: only this test's two runs are under test.
         run_ids = [match.group(0) for s in started if (match := UUID.search(s.stdout))]
         assert len(run_ids) == 2, [s.stdout for s in started]
         deadline = time.monotonic() + RUN_TIMEOUT_S
