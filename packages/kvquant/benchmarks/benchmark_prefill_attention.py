@@ -1,4 +1,5 @@
-"""Chunked prefill on the H200: INT8 cache vs our 16-bit cache vs PyTorch's dense SDPA flash.
+"""Chunked prefill on the H200: INT8 cache (through its fp16 workspace, and fused) vs our 16-bit
+cache vs PyTorch's dense SDPA flash.
 
 Run on a CUDA device:
   python benchmarks/benchmark_prefill_attention.py [--sweep | --profile]
@@ -52,7 +53,12 @@ PREFILL_SWEEP = (
 
 
 def planned_prefill(
-    batch: int, cached: int, new: int, cache_dtype: torch.dtype, config: PrefillConfig | None = None
+    batch: int,
+    cached: int,
+    new: int,
+    cache_dtype: torch.dtype,
+    config: PrefillConfig | None = None,
+    workspace_limit_bytes: int | None = None,
 ) -> PrefillPlan:
     """One chunked prefill of random data, its checked launch (`plan_prefill`)."""
     setup = DecodeSetup(batch, cached + new, cache_dtype)
@@ -60,15 +66,21 @@ def planned_prefill(
     cu_seqlens_q = torch.arange(0, (batch + 1) * new, new, device="cuda", dtype=torch.int32)
     return plan_prefill(
         query, setup.cache, setup.block_table, setup.seq_lens, cu_seqlens_q, SOFTMAX_SCALE,
-        config=config,
+        config=config, workspace_limit_bytes=workspace_limit_bytes,
     )  # fmt: skip
 
 
 def prefill_ms(
-    batch: int, cached: int, new: int, cache_dtype: torch.dtype, config: PrefillConfig | None = None
+    batch: int,
+    cached: int,
+    new: int,
+    cache_dtype: torch.dtype,
+    config: PrefillConfig | None = None,
+    workspace_limit_bytes: int | None = None,
 ) -> float:
     """One chunked prefill, its checked launch replayed as a CUDA graph."""
-    return graph_ms(planned_prefill(batch, cached, new, cache_dtype, config).run)
+    plan = planned_prefill(batch, cached, new, cache_dtype, config, workspace_limit_bytes)
+    return graph_ms(plan.run)
 
 
 def sdpa_prefill_ms(batch: int, cached: int, new: int) -> float:
@@ -96,22 +108,32 @@ def sdpa_prefill_ms(batch: int, cached: int, new: int) -> float:
 
 
 def prefill_table() -> None:
-    """Chunked prefill of both caches at their shipped launch shapes, and dense SDPA flash."""
+    """Chunked prefill of both caches at their shipped launch shapes (INT8 through its fp16
+    workspace, and fused: reading the INT8 pages in the prefill), and dense SDPA flash; "expand
+    ms": the INT8 workspace's fill alone, part of the INT8 time."""
     print("prefill: batch x (cached + new), kernel time (CUDA graph), TFLOP/s of causal FLOPs")
     print(
-        f"{'shape':>18} {'int8 ms':>8} {'TFLOP/s':>7} {'bf16 ms':>8} {'TFLOP/s':>7} "
-        f"{'sdpa ms':>8} {'TFLOP/s':>7} {'int8/bf16':>9} {'int8/sdpa':>9} {'bf16/sdpa':>9}"
+        f"{'shape':>18} {'int8 ms':>8} {'TFLOP/s':>7} {'fused ms':>8} {'TFLOP/s':>7} "
+        f"{'bf16 ms':>8} {'TFLOP/s':>7} {'sdpa ms':>8} {'TFLOP/s':>7} "
+        f"{'int8/bf16':>9} {'int8/sdpa':>9} {'bf16/sdpa':>9} {'expand ms':>9}"
     )
     for batch, cached, new in PREFILL_SHAPES:
         flops = prefill_flops(batch, cached, new)
-        int8_ms, bf16_ms = (prefill_ms(batch, cached, new, d) for d in (torch.int8, MODEL_DTYPE))
+        int8_plan = planned_prefill(batch, cached, new, torch.int8)
+        assert int8_plan.workspace is not None
+        int8_ms = graph_ms(int8_plan.run)
+        expand_ms = graph_ms(int8_plan.workspace.fill)
+        fused_ms = prefill_ms(batch, cached, new, torch.int8, workspace_limit_bytes=0)
+        bf16_ms = prefill_ms(batch, cached, new, MODEL_DTYPE)
         dense_ms = sdpa_prefill_ms(batch, cached, new)
         shape = f"{batch} x ({cached} + {new})"
+        times = (int8_ms, fused_ms, bf16_ms, dense_ms)
         ratios = ((int8_ms, bf16_ms), (int8_ms, dense_ms), (bf16_ms, dense_ms))
         print(
             f"{shape:>18} "
-            + " ".join(f"{t:>8.3f} {flops / t / 1e9:>7.0f}" for t in (int8_ms, bf16_ms, dense_ms))
-            + "".join(f" {a / b:>8.2f}x" for a, b in ratios),
+            + " ".join(f"{t:>8.3f} {flops / t / 1e9:>7.0f}" for t in times)
+            + "".join(f" {a / b:>8.2f}x" for a, b in ratios)
+            + f" {expand_ms:>9.3f}",
             flush=True,
         )
 
@@ -130,8 +152,9 @@ def prefill_sweep() -> None:
 
 def profiled_launches() -> None:
     """Each cache's prefill launched twice at the first shape, untimed, for a profiler: INT8's two
-    launches, then the 16-bit cache's (``ncu --kernel-name regex:prefill --launch-skip 1`` skips the
-    first, which also compiles)."""
+    runs (each the workspace's two passes, `_expand_kernel`, then the prefill), then the 16-bit
+    cache's (``ncu --kernel-name regex:prefill --launch-skip 1`` skips the first prefill, which
+    also compiles)."""
     for cache_dtype in (torch.int8, MODEL_DTYPE):
         plan = planned_prefill(*PREFILL_SHAPES[0], cache_dtype)
         for _ in range(2):

@@ -22,6 +22,7 @@ from kvquant.ops import KernelSpec, aot_specs
 from kvquant.ops._common import make_spec
 
 DECODES = ("decode_attention", "decode_attention_one_split")
+WORKSPACE = ("prefill_bounds", "prefill_expand", "prefill_attention_expanded")
 
 _COMPILE_ALL = """
 import json, sys, torch, triton
@@ -99,6 +100,7 @@ def test_specs_cover_every_parameter() -> None:
         "decode_attention_one_split",
         "reduce_splits",
         "prefill_attention",
+        *WORKSPACE,
         "cache_write",
     ]
     for spec in specs:
@@ -112,21 +114,28 @@ def test_specs_cover_every_parameter() -> None:
         "ONE_SPLIT"
     }
     cuda = _specs(target="cuda")
+    by_name = {spec.name: (spec, hip) for spec, hip in zip(cuda, specs, strict=True)}
     # One code path on every target; only launch shapes differ, and how INT8 codes widen: on CUDA
     # one warp owns a decode program, with a 64-key tile and 8 query-head columns (the n8 integer
     # MMA); gfx90a's MFMA needs 16 columns, and it keeps 4 warps. The prefill's tiles are smaller
     # on gfx90a (2 waves per SIMD), and only CUDA widens codes by PTX.
-    reducer_and_write = [0, 2]
-    assert [cuda[2:][i].constexprs for i in reducer_and_write] == [
-        specs[2:][i].constexprs for i in reducer_and_write
-    ]
-    cuda_prefill, hip_prefill = cuda[3], specs[3]
-    differs = {k for k, v in cuda_prefill.constexprs.items() if hip_prefill.constexprs[k] != v}
-    assert differs == {"TILE_N", "WIDEN_PTX"}
-    # Neither pipelines the INT8 prefill (the 16-bit one takes two stages on CUDA).
+    for name in ("reduce_splits", "prefill_bounds", "prefill_expand", "cache_write"):
+        cuda_spec, hip_spec = by_name[name]
+        assert cuda_spec.constexprs == hip_spec.constexprs, name
+    for name in ("prefill_attention", "prefill_attention_expanded"):
+        cuda_prefill, hip_prefill = by_name[name]
+        differs = {k for k, v in cuda_prefill.constexprs.items() if hip_prefill.constexprs[k] != v}
+        assert differs == {"TILE_N", "WIDEN_PTX"}, name
+    # The workspace is read as a 16-bit cache of 64-key pages, at the 16-bit prefill's shape.
+    expanded, _ = by_name["prefill_attention_expanded"]
+    assert expanded.signature["k_ptr"] == "*fp16" and expanded.signature["k_scale_ptr"] == "*i32"
+    assert (expanded.constexprs["QUANTIZED"], expanded.constexprs["EXPANDED"]) == (False, True)
+    # The fused INT8 prefill is not pipelined on either target; the 16-bit one takes two stages
+    # on CUDA, and so does the prefill that reads the workspace.
+    cuda_prefill, hip_prefill = by_name["prefill_attention"]
     assert (cuda_prefill.num_stages, hip_prefill.num_stages) == (1, 1)
     cuda_16bit = _specs(target="cuda", cache_dtype=torch.bfloat16)[3]
-    assert cuda_16bit.num_stages == 2
+    assert cuda_16bit.num_stages == expanded.num_stages == 2
     for cuda_decode, hip_decode in zip(cuda[:2], specs[:2], strict=True):
         differs = {k for k, v in cuda_decode.constexprs.items() if hip_decode.constexprs[k] != v}
         assert differs == {"GROUP_PAD", "TILE_N"}
@@ -190,7 +199,8 @@ def test_reducer_and_cache_write_serve_head_sizes_that_pad_alike() -> None:
         by_head = {h: _compiled_variants(head_size=h, cache_dtype=cache_dtype) for h in SIZES}
         for padded in (80, 96):
             differ = [k for k in by_head[128] if by_head[128][k] != by_head[padded][k]]
-            assert differ == [*DECODES, "prefill_attention"]
+            workspace = WORKSPACE if cache_dtype == torch.int8 else ()
+            assert differ == [*DECODES, "prefill_attention", *workspace]
         for kernel, variant in by_head[128].items():
             assert variant != by_head[64][kernel] and variant != by_head[256][kernel]
 
@@ -211,7 +221,12 @@ def test_one_compiled_variant_serves_every_block_size_but_int8_page_rows() -> No
     assert bf16[0] == bf16[1] == bf16[2]
     int8 = [_compiled_variants(block_size=b) for b in BLOCKS]
     assert int8[1] == int8[2]
-    assert [k for k in int8[0] if int8[0][k] != int8[1][k]] == [*DECODES, "prefill_attention"]
+    # The workspace's pages are 64 keys whatever the cache's block size.
+    assert [k for k in int8[0] if int8[0][k] != int8[1][k]] == [
+        *DECODES,
+        "prefill_attention",
+        *WORKSPACE[:2],
+    ]
 
 
 def test_runtime_sizes_are_multiples_of_16_and_marked_so() -> None:
@@ -255,6 +270,7 @@ def test_every_spec_compiles_for_sm90_and_gfx90a() -> None:
         *DECODES,
         "reduce_splits",
         "prefill_attention",
+        *WORKSPACE,
         "cache_write",
     ]
     assert all(size > 0 for _, _, size in compiled)
@@ -374,6 +390,12 @@ def test_compiled_launch_passes_what_the_jit_passes_for_the_variant_it_compiles(
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report.pop("compiled_kernel_api") == []
-    assert set(report) == {*DECODES, "reduce_splits", "prefill_attention", "cache_write"}
+    assert set(report) == {
+        *DECODES,
+        "reduce_splits",
+        "prefill_attention",
+        *WORKSPACE,
+        "cache_write",
+    }
     for name, checks in report.items():
         assert all(checks.values()), (name, checks)

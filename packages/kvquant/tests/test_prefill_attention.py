@@ -6,12 +6,20 @@ plans.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
 
 from kvquant import InvalidInputError, PrefillConfig, prefill_attention
-from kvquant.ops.prefill_attention import plan_prefill, prefill_config, prefill_spec
+from kvquant._batch import PagedBatch
+from kvquant.ops._prefill_workspace import workspace_bytes
+from kvquant.ops.prefill_attention import (
+    PrefillPlan,
+    plan_prefill,
+    prefill_config,
+    prefill_spec,
+)
 
 from attention_cases import (
     ATTENTION_TOLERANCE,
@@ -21,6 +29,7 @@ from attention_cases import (
     paged_batch,
     prefill_out,
     reference_out,
+    rel_l2,
 )
 from conftest import require_cuda
 
@@ -66,7 +75,9 @@ def test_chunked_prefill_matches_reference(
 def test_prefill_window_and_softcap(
     window: int | None, softcap: float | None, device: torch.device, gen: torch.Generator
 ) -> None:
-    batch = paged_batch([90, 17], device, gen, q_lens=[90, 9])
+    """The 150-key sequence's 10 queries see none of its first 64 keys through either window:
+    the INT8 workspace holds no page for them."""
+    batch = paged_batch([90, 150, 17], device, gen, q_lens=[90, 10, 9])
     out = prefill_out(batch, sliding_window=window, softcap=softcap)
     assert_close(out, reference_out(batch, window, softcap), ATTENTION_TOLERANCE)
 
@@ -95,6 +106,56 @@ def test_nan_in_one_head_poisons_only_its_readers(
     earlier = same_head & ~poisoned
     rel = (got[earlier] - want[earlier]).norm() / want[earlier].norm()
     assert rel < 3e-4, rel
+
+
+def _plan(batch: PagedBatch, **kwargs: Any) -> PrefillPlan:
+    out = torch.full(batch.query.shape, math.nan, dtype=torch.float32, device=batch.query.device)
+    return plan_prefill(
+        batch.query, batch.cache, batch.block_table, batch.seq_lens, batch.cu_seqlens_q,
+        batch.query.shape[-1] ** -0.5, out=out, **kwargs,
+    )  # fmt: skip
+
+
+def test_the_int8_prefill_reads_its_workspace_within_the_limit(
+    device: torch.device, gen: torch.Generator
+) -> None:
+    """By default the INT8 prefill expands the pages its queries see into an fp16 workspace; at
+    a limit below that workspace's size it reads the INT8 pages itself. Both stay within the
+    tolerance, and within it of each other."""
+    batch = paged_batch([150, 40, 17], device, gen, q_lens=[70, 0, 5])
+    planned = _plan(batch)
+    assert planned.workspace is not None
+    # Sequence 0: 3 pages of 64 keys, sequence 1 (no queries): none, sequence 2: 1.
+    assert planned.workspace.cache.num_blocks == 4
+    assert planned.spec.name == "prefill_attention_expanded"
+    needed = workspace_bytes(4, batch.cache)
+    fused = _plan(batch, workspace_limit_bytes=needed - 1)
+    assert fused.workspace is None and fused.spec.name == "prefill_attention"
+    assert _plan(batch, workspace_limit_bytes=needed).workspace is not None
+    expected = reference_out(batch)
+    via_workspace, direct = planned.run(), fused.run()
+    assert_close(via_workspace, expected, ATTENTION_TOLERANCE)
+    assert_close(direct, expected, ATTENTION_TOLERANCE)
+    assert rel_l2(via_workspace, direct) <= ATTENTION_TOLERANCE
+
+
+def test_the_workspace_keeps_heads_of_any_scale(device: torch.device, gen: torch.Generator) -> None:
+    """fp16 holds 5 exponent bits: a head whose values reach 1e5 and one whose values stay near
+    1e-6 are each expanded in their own power of two and keep the tolerance; a plan run again
+    finds the units of the cache's new contents."""
+    batch = paged_batch([150, 17], device, gen, q_lens=[70, 9])
+    plan = _plan(batch)
+    assert batch.cache.k_scale is not None and batch.cache.v_scale is not None
+    batch.cache.k_scale[:, 0] *= 1e5
+    batch.cache.v_scale[:, 0] *= 1e5
+    batch.cache.k_scale[:, 1] *= 1e-6
+    batch.cache.v_scale[:, 1] *= 1e-6
+    # Head 0's scores grow 1e5-fold: scale its queries down so its softmax stays as spread.
+    batch.query[:, :4] *= 1e-5
+    got = plan.run()
+    assert_close(got, reference_out(batch), ATTENTION_TOLERANCE)
+    for head in (slice(0, 4), slice(4, 8)):
+        assert rel_l2(got[:, head], reference_out(batch)[:, head]) <= ATTENTION_TOLERANCE
 
 
 def test_prefill_bad_cu_seqlens(device: torch.device, gen: torch.Generator) -> None:

@@ -314,10 +314,19 @@ def check_block_table(
 
 
 def attention_types(
-    kernel: Any, model_dtype: torch.dtype, cache_dtype: torch.dtype, out_dtype: torch.dtype
+    kernel: Any,
+    model_dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    out_dtype: torch.dtype,
+    *,
+    expanded: bool = False,
 ) -> dict[str, str]:
-    """Triton types of an attention kernel's runtime parameters, by name."""
+    """Triton types of an attention kernel's runtime parameters, by name. ``expanded``: an INT8
+    cache read from its fp16 workspace (`_prefill_workspace`), whose scale pointers are the
+    workspace's bounds."""
     quantized = cache_dtype == torch.int8
+    values = torch.float16 if expanded else cache_dtype
+    scales = torch.int32 if expanded else torch.float32 if quantized else cache_dtype
     # The INT8 kernels convert the query to fp32 first and round only their output, so they take
     # both as int16 bits and a runtime `query_bf16`: one compiled variant per model dtype pair.
     as_bits = quantized and out_dtype in ACTIVATION_DTYPES
@@ -327,11 +336,11 @@ def attention_types(
         "partial_max_ptr": pointer(torch.float32),
         "partial_sum_ptr": pointer(torch.float32),
         "q_ptr": pointer(torch.int16 if quantized else model_dtype),
-        "k_ptr": pointer(cache_dtype),
-        "v_ptr": pointer(cache_dtype),
+        "k_ptr": pointer(values),
+        "v_ptr": pointer(values),
         # A 16-bit cache has no scales: the launcher passes its K tensor, never dereferenced.
-        "k_scale_ptr": pointer(torch.float32 if quantized else cache_dtype),
-        "v_scale_ptr": pointer(torch.float32 if quantized else cache_dtype),
+        "k_scale_ptr": pointer(scales),
+        "v_scale_ptr": pointer(scales),
         "block_table_ptr": pointer(torch.int32),
         "seq_lens_ptr": pointer(torch.int32),
         "cu_seqlens_q_ptr": pointer(torch.int32),

@@ -14,6 +14,11 @@ fp16 divided by a power of two at its row's largest |q| (exact: a bf16 or fp16 v
 bit, below 2**-14 of the row's largest as a subnormal), whatever the model's dtype, so one
 compiled variant serves fp16 and bf16 models; P is rounded to fp16 (11 bits; the 16-bit path
 rounds it to the cache dtype).
+
+An INT8 cache is read that way (fused) only when its workspace would not fit: by default the
+launch first expands the pages its queries see into fp16 pages (`_prefill_workspace`), which the
+16-bit loop reads (EXPANDED), so each tile is widened and scaled once per call instead of once per
+block of query rows.
 """
 
 # mypy: disable-error-code="no-untyped-def"
@@ -62,6 +67,14 @@ from ._paged_tiles import (
     shared_constexprs,
     softmax_step,
     widen_codes,
+)
+from ._prefill_workspace import (
+    WORKSPACE_BLOCK,
+    WORKSPACE_LIMIT_BYTES,
+    PrefillWorkspace,
+    expand_spec,
+    plan_workspace,
+    workspace_units,
 )
 
 
@@ -281,6 +294,10 @@ def _prefill_kernel(
     DOT_IN_FP32: tl.constexpr,
     V_PAGEWISE: tl.constexpr,
     WIDEN_PTX: tl.constexpr,  # CUDA: INT8 codes widen by PTX (`widen_codes`)
+    # An INT8 cache read from its fp16 workspace (`_prefill_workspace`): the 16-bit tiles
+    # (QUANTIZED is False), the INT8 kernel's query and output, the scale pointers at the
+    # workspace's bounds, whose powers of two scale the scores and the output back.
+    EXPANDED: tl.constexpr,
 ):
     """One (query tile, kv head): block_q query tokens x all ``group`` query heads, causal."""
     kv_head = tl.program_id(1)
@@ -303,7 +320,10 @@ def _prefill_kernel(
     q_offsets = (q_first + row_token).to(tl.int64)[:, None] * stride_q_t
     q_offsets += row_head.to(tl.int64)[:, None] * stride_q_h + dims[None, :]
     q = tl.load(q_ptr + q_offsets, mask=row_valid[:, None] & dim_valid[None, :], other=0)
-    q, score_scale = _query_operand(q, query_bf16, softmax_scale, softcap, QUANTIZED)
+    q, score_scale = _query_operand(q, query_bf16, softmax_scale, softcap, QUANTIZED or EXPANDED)
+    if EXPANDED:
+        _, k_inverse = workspace_units(tl.load(k_scale_ptr + kv_head))
+        score_scale = score_scale * k_inverse
 
     # ---- KV tiles: those every row sees whole, then the masked ones ----
     first_pos = seq_len - q_len + tile_start  # the tile's first query token
@@ -341,6 +361,8 @@ def _prefill_kernel(
     # ---- Epilogue ----
     if QUANTIZED:
         acc = acc * (v_reference / 127.0)
+    if EXPANDED:
+        acc = acc * workspace_units(tl.load(v_scale_ptr + kv_head))[1]
     out_rows = (q_first + row_token).to(tl.int64)
     o_offsets = out_rows[:, None] * stride_o_t + row_head.to(tl.int64)[:, None] * stride_o_h
     tl.store(
@@ -372,19 +394,28 @@ def prefill_spec(
     target: str,
     out_dtype: torch.dtype | None = None,
     config: PrefillConfig | None = None,
+    expanded: bool = False,
 ) -> KernelSpec:
     """The prefill kernel the launcher compiles; out_dtype (fp32 for tests) defaults to model's;
-    ``config`` to `prefill_config`'s choice."""
-    config = config or prefill_config(head_size, target, cache_dtype == torch.int8)
-    constexprs = shared_constexprs(head_size, block_size, cache_dtype, target)
+    ``config`` to `prefill_config`'s choice. ``expanded``: an INT8 cache read from its fp16
+    workspace (`plan_workspace`), at the 16-bit prefill's launch shape."""
+    quantized = cache_dtype == torch.int8 and not expanded
+    config = config or prefill_config(head_size, target, quantized)
+    if expanded:
+        constexprs = shared_constexprs(head_size, WORKSPACE_BLOCK, torch.float16, target)
+    else:
+        constexprs = shared_constexprs(head_size, block_size, cache_dtype, target)
     # Both caches' dots are 16-bit; the interpreter gets them in fp32 (exact there).
     constexprs["DOT_IN_FP32"] = target == "interpreter"
     constexprs["ROWS"] = max(next_power_of_2(gqa), config.rows)
     constexprs["TILE_N"] = config.tile_n
     constexprs["WIDEN_PTX"] = target == "cuda"
-    types = attention_types(_prefill_kernel, model_dtype, cache_dtype, out_dtype or model_dtype)
+    constexprs["EXPANDED"] = expanded
+    types = attention_types(
+        _prefill_kernel, model_dtype, cache_dtype, out_dtype or model_dtype, expanded=expanded
+    )
     return make_spec(
-        "prefill_attention",
+        "prefill_attention_expanded" if expanded else "prefill_attention",
         _prefill_kernel,
         types,
         constexprs,
@@ -404,18 +435,27 @@ def aot_specs(
     target: str,
 ) -> list[KernelSpec]:
     """Prefill attention for one model configuration (softcap, sliding window, the GQA ratio
-    and the block size are runtime arguments, except INT8 at block 16, see V_PAGEWISE)."""
+    and the block size are runtime arguments, except INT8 at block 16, see V_PAGEWISE); for an
+    INT8 cache the fused prefill, and the workspace's two passes and the prefill that reads it."""
     check_target(target)
-    return [
-        prefill_spec(
-            head_size=head_size,
-            block_size=block_size,
-            gqa=gqa,
-            model_dtype=model_dtype,
-            cache_dtype=cache_dtype,
-            target=target,
-        )
-    ]
+    geometry = {
+        "head_size": head_size,
+        "block_size": block_size,
+        "gqa": gqa,
+        "model_dtype": model_dtype,
+        "cache_dtype": cache_dtype,
+        "target": target,
+    }
+    specs = [prefill_spec(**geometry)]
+    if cache_dtype == torch.int8:
+        specs += [
+            expand_spec(
+                head_size=head_size, block_size=block_size, target=target, find_bounds=bounds
+            )
+            for bounds in (True, False)
+        ]
+        specs.append(prefill_spec(**geometry, expanded=True))
+    return specs
 
 
 def _launch_geometry(query: torch.Tensor, cache: PagedKVCache) -> dict[str, Any]:
@@ -432,17 +472,25 @@ def _launch_geometry(query: torch.Tensor, cache: PagedKVCache) -> dict[str, Any]
 
 @dataclass(frozen=True)
 class PrefillPlan:
-    """One checked prefill launch: ``run()`` starts the kernel and does nothing on the host that
+    """One checked prefill launch: ``run()`` starts the kernels and does nothing on the host that
     waits for the device, so it can be captured in a CUDA graph and replayed (over new contents
-    of the same tensors, with the same query lengths)."""
+    of the same tensors, with the same query lengths).
+
+    Attributes:
+        workspace: an INT8 cache's fp16 workspace, filled before the prefill reads it; None when
+            the prefill reads the cache itself (a 16-bit cache, or INT8 fused).
+    """
 
     spec: KernelSpec
     grid: tuple[int, int]
     args: tuple[object, ...]  # `KernelSpec.arguments`: in the kernel's order
     out: torch.Tensor
+    workspace: PrefillWorkspace | None = None
 
     def run(self) -> torch.Tensor:
         if self.grid[0]:
+            if self.workspace is not None:
+                self.workspace.fill()
             launch(self.spec, self.grid, self.args)
         return self.out
 
@@ -459,6 +507,7 @@ def plan_prefill(
     softcap: float | None = None,
     out: torch.Tensor | None = None,
     config: PrefillConfig | None = None,
+    workspace_limit_bytes: int | None = None,
 ) -> PrefillPlan:
     """Check a prefill's inputs (reading ``cu_seqlens_q`` and ``seq_lens`` on the host) and lay
     out its launch; arguments as `prefill_attention`'s."""
@@ -490,7 +539,24 @@ def plan_prefill(
     check_runnable("query", query)
     result = out if out is not None else torch.empty_like(query)
     geometry = _launch_geometry(query, cache)
-    spec = prefill_spec(**geometry, out_dtype=result.dtype, config=config)
+    workspace = None
+    if cache.is_quantized:
+        # Each sequence's queries see keys [first, seq_len) (none without queries).
+        window = sliding_window or 0
+        seq_queries = list(zip(lens, q_lens, strict=True))
+        firsts = [max(n - q - window + 1, 0) if window else 0 for n, q in seq_queries]
+        workspace = plan_workspace(
+            cache,
+            block_table,
+            index_tensor(seq_lens),
+            firsts,
+            [n if q else 0 for n, q in seq_queries],
+            geometry["target"],
+            WORKSPACE_LIMIT_BYTES if workspace_limit_bytes is None else workspace_limit_bytes,
+        )
+    spec = prefill_spec(
+        **geometry, out_dtype=result.dtype, config=config, expanded=workspace is not None
+    )
     block_q = int(spec.constexprs["ROWS"]) // geometry["gqa"]
     tile_seq: list[int] = []
     tile_start: list[int] = []
@@ -498,11 +564,19 @@ def plan_prefill(
         for start in range(0, q_len, block_q):
             tile_seq.append(i)
             tile_start.append(start)
+    kv_arguments = cache_arguments(cache)
+    pages, table = cache, block_table
+    if workspace is not None:
+        pages, table = workspace.cache, workspace.block_table
+        kv_arguments = cache_arguments(pages) | {
+            "k_scale_ptr": workspace.bounds[0],
+            "v_scale_ptr": workspace.bounds[1],
+        }
     args = spec.arguments(
-        **cache_arguments(cache),
+        **kv_arguments,
         out_ptr=kernel_operand(result, cache),
         q_ptr=kernel_operand(query, cache),
-        block_table_ptr=block_table,
+        block_table_ptr=table,
         seq_lens_ptr=index_tensor(seq_lens),
         cu_seqlens_q_ptr=index_tensor(cu_seqlens_q),
         tile_seq_ptr=torch.tensor(tile_seq, dtype=torch.int32, device=cache.device),
@@ -513,15 +587,15 @@ def plan_prefill(
         group=geometry["gqa"],
         block_q=block_q,
         query_bf16=query_is_bf16(query),
-        block_size=cache.block_size,
-        block_shift=page_shift(cache.block_size),
+        block_size=pages.block_size,
+        block_shift=page_shift(pages.block_size),
         stride_q_t=query.stride(0),
         stride_q_h=query.stride(1),
         stride_o_t=result.stride(0),
         stride_o_h=result.stride(1),
-        stride_bt=block_table.stride(0),
+        stride_bt=table.stride(0),
     )
-    return PrefillPlan(spec, (len(tile_seq), cache.num_kv_heads), args, result)
+    return PrefillPlan(spec, (len(tile_seq), cache.num_kv_heads), args, result, workspace)
 
 
 def prefill_attention(
@@ -536,6 +610,7 @@ def prefill_attention(
     softcap: float | None = None,
     out: torch.Tensor | None = None,
     config: PrefillConfig | None = None,
+    workspace_limit_bytes: int | None = None,
 ) -> torch.Tensor:
     """Causal varlen (chunked) prefill over the paged cache; the new tokens must be written first.
 
@@ -547,6 +622,9 @@ def prefill_attention(
         seq_lens: ``[num_seqs]`` keys per sequence (prefix plus new tokens), ``>= q_len_i``.
         cu_seqlens_q: int32/int64 ``[num_seqs + 1]``, starts at 0, non-decreasing.
         config: the launch shape (benchmarks sweep it); None: `prefill_config`'s.
+        workspace_limit_bytes: INT8 cache: the largest fp16 workspace the prefill may allocate
+            (`_prefill_workspace`); past it, or at 0, the prefill reads the INT8 pages itself
+            (fused). None: WORKSPACE_LIMIT_BYTES.
 
     Returns:
         ``out`` (allocated if None), ``[total_q, num_q_heads, head_size]`` in query's dtype.
@@ -562,5 +640,6 @@ def prefill_attention(
         softcap=softcap,
         out=out,
         config=config,
+        workspace_limit_bytes=workspace_limit_bytes,
     )
     return plan.run()

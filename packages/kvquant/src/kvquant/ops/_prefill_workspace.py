@@ -1,0 +1,275 @@
+"""The INT8 prefill's 16-bit workspace: the pages a prefill reads, expanded once into fp16.
+
+The fused INT8 prefill widens and scales every K/V tile in each program that reads it; a prefill
+of N new tokens over a long prefix reads each tile once per block of query rows, so that work
+grows with N. Expanded once per call into a workspace of fp16 pages, the same tiles are read by
+the 16-bit prefill's loop (`prefill_attention`'s EXPANDED variant), which does none of it.
+
+Numerics: each value is code x scale x 2**-e, rounded to fp16 (11 significant bits), with one
+power of two per kv head and K or V, chosen from the largest finite scale among the call's keys
+so that the head's largest |code x scale| lies in [2**14, 2**15]: no value overflows fp16 and
+none loses bits to the subnormal range that matters. The prefill multiplies the scores by 2**e_K
+and its output by 2**e_V (exact). A key whose V scale is not finite is written with a NaN K and a
+zero V: rows that see it turn NaN, rows that may not see it lose nothing (0 x NaN would poison
+them through P x V).
+"""
+
+# mypy: disable-error-code="no-untyped-def"
+# (@triton.jit kernels take Triton tensors and constexprs, which have no Python types.)
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .._cache import PagedKVCache, cache_from_pages, page_bytes
+from ._common import KernelSpec, launch, make_spec, pointer, runtime_parameters
+from ._paged_tiles import FREE_STRIDES, load_tile, shared_constexprs
+
+# Keys per workspace page: one 64-key tile of the 16-bit prefill on CUDA, two on HIP.
+WORKSPACE_BLOCK = 64
+# The largest workspace a prefill allocates by default (K and V); a larger one is not allocated
+# and the prefill runs fused. 512 MiB holds 4 x 18k keys of 8 kv heads at head 128.
+WORKSPACE_LIMIT_BYTES = 512 << 20
+_NUM_WARPS = 4
+
+
+@triton.jit
+def workspace_units(bound_bits):
+    """(2**-e, 2**e) for a largest finite scale given as fp32 bits: 127 x the scale times 2**-e
+    lies in [2**14, 2**15) (clamped so both powers stay normal fp32)."""
+    largest = (bound_bits.to(tl.float32, bitcast=True) * 127.0).to(tl.int32, bitcast=True)
+    biased = tl.minimum(tl.maximum(268 - ((largest >> 23) & 0xFF), 1), 253)
+    unit = (biased << 23).to(tl.float32, bitcast=True)
+    inverse = ((254 - biased) << 23).to(tl.float32, bitcast=True)
+    return unit, inverse
+
+
+@triton.jit
+def _raise_bound(bound_ptr, scale_ptrs, valid):
+    """The bound at ``bound_ptr`` raised to the largest finite |scale| of the valid keys."""
+    scale = tl.abs(tl.load(scale_ptrs, mask=valid, other=0.0))
+    largest = tl.max(tl.where(valid & (scale - scale == 0.0), scale, 0.0), axis=0)
+    # Non-negative fp32 values order as their int32 bits.
+    tl.atomic_max(bound_ptr, largest.to(tl.int32, bitcast=True))
+
+
+@triton.jit(do_not_specialize=["block_shift", "stride_bt"])
+def _expand_kernel(
+    k_bound_ptr,  # [num_kv_heads] int32: fp32 bits of the largest finite |K scale| of the keys
+    v_bound_ptr,
+    ws_k_ptr,  # [pages, num_kv_heads, TILE_N, head_size] fp16
+    ws_v_ptr,  # [pages, num_kv_heads, head_size, TILE_N] fp16
+    k_ptr,  # the INT8 cache: codes and scales (`PagedKVCache`)
+    v_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    block_table_ptr,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens_ptr,  # [num_seqs] int32
+    page_seq_ptr,  # [pages] int32: the sequence of each workspace page
+    page_tile_ptr,  # [pages] int32: which TILE_N keys of its sequence it holds
+    block_size,
+    block_shift,
+    stride_k_b,
+    stride_k_h,
+    stride_v_b,
+    stride_v_h,
+    stride_s_b,
+    stride_s_h,
+    stride_wk_b,
+    stride_wk_h,
+    stride_wv_b,
+    stride_wv_h,
+    stride_bt,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
+    V_PAGEWISE: tl.constexpr,
+    FIND_BOUNDS: tl.constexpr,  # True: the bounds pass; False: the expansion
+):
+    """One (workspace page, kv head): raise the head's bounds to its keys' scales, or write the
+    page's K and V as fp16 in the head's units (`workspace_units`)."""
+    page = tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.load(page_seq_ptr + page)
+    tile = tl.load(page_tile_ptr + page)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    block_table_row = block_table_ptr + seq.to(tl.int64) * stride_bt
+    head_s = head.to(tl.int64) * stride_s_h
+    if FIND_BOUNDS:
+        keys = tile * TILE_N + tl.arange(0, TILE_N)
+        valid = keys < seq_len
+        cache_page = tl.load(block_table_row + (keys >> block_shift), mask=valid, other=0)
+        offsets = cache_page.to(tl.int64) * stride_s_b + head_s + (keys & (block_size - 1))
+        _raise_bound(k_bound_ptr + head, k_scale_ptr + offsets, valid)
+        _raise_bound(v_bound_ptr + head, v_scale_ptr + offsets, valid)
+    else:
+        _, _, k, v, k_scale, v_scale, finite_v = load_tile(
+            tile, 0, seq_len - 1, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, block_table_row,
+            head.to(tl.int64) * stride_k_h, head.to(tl.int64) * stride_v_h, head_s, block_size,
+            block_shift, stride_k_b, stride_v_b, stride_s_b, HEAD_SIZE, HEAD_PAD, TILE_N, True,
+            V_PAGEWISE,
+        )  # fmt: skip
+        k_unit, _ = workspace_units(tl.load(k_bound_ptr + head))
+        v_unit, _ = workspace_units(tl.load(v_bound_ptr + head))
+        # load_tile gives a key with a non-finite V scale a NaN K scale, and keys past the end
+        # a zero V scale; their K values are never seen (the prefill masks their scores).
+        k_values = (k.to(tl.float32) * (k_scale * k_unit)[:, None]).to(tl.float16)
+        v_weight = tl.where(finite_v, v_scale * v_unit, 0.0)
+        v_values = (v.to(tl.float32) * v_weight[None, :]).to(tl.float16)
+        slots = tl.arange(0, TILE_N)
+        dims = tl.arange(0, HEAD_PAD)
+        dim_valid = dims < HEAD_SIZE
+        ws_k = page.to(tl.int64) * stride_wk_b + head.to(tl.int64) * stride_wk_h
+        ws_v = page.to(tl.int64) * stride_wv_b + head.to(tl.int64) * stride_wv_h
+        k_offsets = ws_k + slots[:, None] * HEAD_SIZE + dims[None, :]
+        tl.store(ws_k_ptr + k_offsets, k_values, mask=dim_valid[None, :])
+        v_offsets = ws_v + dims[:, None] * TILE_N + slots[None, :]
+        tl.store(ws_v_ptr + v_offsets, v_values, mask=dim_valid[:, None])
+
+
+@functools.cache
+def expand_spec(*, head_size: int, block_size: int, target: str, find_bounds: bool) -> KernelSpec:
+    """The bounds pass (``find_bounds``) or the expansion, for an INT8 cache of this geometry."""
+    constexprs = shared_constexprs(head_size, block_size, torch.int8, target)
+    known = {
+        "k_bound_ptr": pointer(torch.int32),
+        "v_bound_ptr": pointer(torch.int32),
+        "ws_k_ptr": pointer(torch.float16),
+        "ws_v_ptr": pointer(torch.float16),
+        "k_ptr": pointer(torch.int8),
+        "v_ptr": pointer(torch.int8),
+        "k_scale_ptr": pointer(torch.float32),
+        "v_scale_ptr": pointer(torch.float32),
+        "block_table_ptr": pointer(torch.int32),
+        "seq_lens_ptr": pointer(torch.int32),
+        "page_seq_ptr": pointer(torch.int32),
+        "page_tile_ptr": pointer(torch.int32),
+        "block_size": "i32",
+        "block_shift": "i32",
+    }
+    types = {
+        name: known[name] if not name.startswith("stride_") else "i64"
+        for name in runtime_parameters(_expand_kernel)
+    }
+    return make_spec(
+        "prefill_bounds" if find_bounds else "prefill_expand",
+        _expand_kernel,
+        types,
+        {
+            "HEAD_SIZE": head_size,
+            "HEAD_PAD": constexprs["HEAD_PAD"],
+            "TILE_N": WORKSPACE_BLOCK,
+            "V_PAGEWISE": constexprs["V_PAGEWISE"],
+            "FIND_BOUNDS": find_bounds,
+        },
+        num_warps=_NUM_WARPS,
+        num_stages=1,
+        unaligned=FREE_STRIDES,
+    )
+
+
+def workspace_bytes(pages: int, cache: PagedKVCache) -> int:
+    """Bytes of a workspace of ``pages`` pages for ``cache``'s heads."""
+    return pages * page_bytes(cache.num_kv_heads, WORKSPACE_BLOCK, cache.head_size, torch.float16)
+
+
+@dataclass(frozen=True)
+class PrefillWorkspace:
+    """The 16-bit pages one prefill reads, and the launches that fill them from an INT8 cache.
+
+    Attributes:
+        cache: fp16 pages of WORKSPACE_BLOCK keys, a `PagedKVCache` the 16-bit prefill reads.
+        block_table: ``[num_seqs, max_pages]`` int32, the workspace pages of each sequence
+            (entries for keys no query sees are 0).
+        bounds: ``[2, num_kv_heads]`` int32 (rows padded to 4), the fp32 bits of each head's
+            largest finite K and V scale, zeroed and found again on every `fill`.
+    """
+
+    cache: PagedKVCache
+    block_table: torch.Tensor
+    bounds: torch.Tensor
+    launches: tuple[tuple[KernelSpec, tuple[int, int], tuple[object, ...]], ...]
+
+    def fill(self) -> None:
+        """Expand the INT8 pages into the workspace (reads no tensor on the host)."""
+        self.bounds.zero_()
+        for spec, grid, args in self.launches:
+            launch(spec, grid, args)
+
+
+def plan_workspace(
+    cache: PagedKVCache,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    first_keys: list[int],
+    key_counts: list[int],
+    target: str,
+    limit_bytes: int,
+) -> PrefillWorkspace | None:
+    """The workspace for keys ``[first_keys[i], key_counts[i])`` of each sequence i (none where
+    they are empty), or None if it would take more than ``limit_bytes``."""
+    tables = []
+    page_seq: list[int] = []
+    page_tile: list[int] = []
+    for seq, (first, count) in enumerate(zip(first_keys, key_counts, strict=True)):
+        tiles = range(first // WORKSPACE_BLOCK if count else 0, -(-count // WORKSPACE_BLOCK))
+        first_page = len(page_seq)
+        tables.append([0] * tiles.start + list(range(first_page, first_page + len(tiles))))
+        page_seq += [seq] * len(tiles)
+        page_tile += list(tiles)
+    if workspace_bytes(len(page_seq), cache) > limit_bytes:
+        return None
+    device = cache.device
+    width = max(map(len, tables), default=0) or 1
+    table = torch.tensor(
+        [row + [0] * (width - len(row)) for row in tables], dtype=torch.int32, device=device
+    ).view(len(tables), width)
+    elems = page_bytes(cache.num_kv_heads, WORKSPACE_BLOCK, cache.head_size, torch.float16) // 2
+    pages = torch.empty(max(len(page_seq), 1), elems, dtype=torch.float16, device=device)
+    workspace = cache_from_pages(pages, cache.num_kv_heads, WORKSPACE_BLOCK, cache.head_size)
+    # Rows 16-byte aligned, as the kernels' pointers are compiled (`KernelSpec.aligned`).
+    bounds = torch.zeros(2, -(-cache.num_kv_heads // 4) * 4, dtype=torch.int32, device=device)
+    assert cache.k_scale is not None and cache.v_scale is not None
+    by_name = {
+        "k_bound_ptr": bounds[0],
+        "v_bound_ptr": bounds[1],
+        "ws_k_ptr": workspace.k,
+        "ws_v_ptr": workspace.v,
+        "k_ptr": cache.k,
+        "v_ptr": cache.v,
+        "k_scale_ptr": cache.k_scale,
+        "v_scale_ptr": cache.v_scale,
+        "block_table_ptr": block_table,
+        "seq_lens_ptr": seq_lens,
+        "page_seq_ptr": torch.tensor(page_seq, dtype=torch.int32, device=device),
+        "page_tile_ptr": torch.tensor(page_tile, dtype=torch.int32, device=device),
+        "block_size": cache.block_size,
+        "block_shift": cache.block_size.bit_length() - 1,
+        "stride_k_b": cache.k.stride(0),
+        "stride_k_h": cache.k.stride(1),
+        "stride_v_b": cache.v.stride(0),
+        "stride_v_h": cache.v.stride(1),
+        "stride_s_b": cache.k_scale.stride(0),
+        "stride_s_h": cache.k_scale.stride(1),
+        "stride_wk_b": workspace.k.stride(0),
+        "stride_wk_h": workspace.k.stride(1),
+        "stride_wv_b": workspace.v.stride(0),
+        "stride_wv_h": workspace.v.stride(1),
+        "stride_bt": block_table.stride(0),
+    }
+    grid = (len(page_seq), cache.num_kv_heads)
+    launches = []
+    for find_bounds in (True, False) if page_seq else ():
+        spec = expand_spec(
+            head_size=cache.head_size,
+            block_size=cache.block_size,
+            target=target,
+            find_bounds=find_bounds,
+        )
+        launches.append((spec, grid, spec.arguments(**by_name)))
+    return PrefillWorkspace(workspace, table, bounds, tuple(launches))
