@@ -54,6 +54,7 @@ def load_tile(
     QUANTIZED: tl.constexpr,
     V_PAGEWISE: tl.constexpr,
     ALL_VALID: tl.constexpr = False,  # the caller knows every key of the tile is valid
+    ONE_PAGE: tl.constexpr = False,  # block_size is a multiple of TILE_N: the tile is in one page
 ):
     """KV tile ``tile``: (keys, key_valid, K [N, D], V [D, N], K scales, V scales, finite V).
 
@@ -66,43 +67,58 @@ def load_tile(
     of keys that are not valid are 0; a key whose V scale is not finite gets a NaN K scale.
     With ALL_VALID (the prefill's unmasked tiles: every row sees every key) the scales come as
     loaded, and the caller poisons the rows through P instead. 16-bit: the scales are zeros,
-    never read.
+    never read. With ONE_PAGE (the INT8 prefill's fp16 workspace, pages a multiple of the tile)
+    the tile's keys are one page's consecutive slots: one block-table entry, one base address.
     """
     dims = tl.arange(0, HEAD_PAD)
     dim_valid = dims < HEAD_SIZE
     keys = tile * TILE_N + tl.arange(0, TILE_N)  # [N]
     key_valid = (keys >= first_key) & (keys <= last_key)
-    if V_PAGEWISE:  # block_size == PAGE_RUN; constant arithmetic keeps its decode 1-2% faster
-        page_index = keys // PAGE_RUN
-        slot = keys % PAGE_RUN
+    if ONE_PAGE:
+        # The tile lies in one page: one block-table entry and one base address for all of it.
+        tl.static_assert(not V_PAGEWISE)
+        tile_first = tile * TILE_N
+        page = tl.load(
+            block_table_row + (tile_first >> block_shift), mask=tile_first <= last_key, other=0
+        ).to(tl.int64)
+        slot = tl.multiple_of(tile_first & (block_size - 1), TILE_N) + tl.arange(0, TILE_N)
+        k_base = tl.multiple_of(page * stride_k_b + head_k, 16)
+        v_base = tl.multiple_of(page * stride_v_b + head_v, 16)
+        s_base = page * stride_s_b + head_s
+        k_offsets = k_base + (slot * HEAD_SIZE)[:, None] + dims[None, :]
+        v_offsets = v_base + (dims * block_size)[:, None] + slot[None, :]
     else:
-        page_index = keys >> block_shift
-        slot = keys & (block_size - 1)
-        slot = tl.max_contiguous(tl.multiple_of(slot, PAGE_RUN), PAGE_RUN)
-    page = tl.load(block_table_row + page_index, mask=keys <= last_key, other=0)
-    page = page.to(tl.int64)
-    k_base = tl.multiple_of(tl.max_constancy(page * stride_k_b + head_k, PAGE_RUN), 16)
-    # K tile [N, D], token-major.
-    k_offsets = k_base[:, None] + (slot * HEAD_SIZE)[:, None] + dims[None, :]
-    if V_PAGEWISE:
-        # block_size == PAGE_RUN. A page row of V (one dim, 16 keys) is under a 32-byte
-        # sector. Loaded as [D, N], each thread of a quarter-warp would read a different page
-        # and every sector would be fetched twice; loaded page by page, [PAGES, D, 16],
-        # consecutive threads read consecutive rows of one page. Then viewed as [D, N].
-        tile_pages = tile * (TILE_N // PAGE_RUN) + tl.arange(0, TILE_N // PAGE_RUN)
-        v_page = tl.load(
-            block_table_row + tile_pages, mask=tile_pages * PAGE_RUN <= last_key, other=0
-        )
-        v_base = tl.multiple_of(v_page.to(tl.int64) * stride_v_b + head_v, 16)
-        v_offsets = (
-            v_base[:, None, None]
-            + (dims * PAGE_RUN)[None, :, None]
-            + tl.arange(0, PAGE_RUN)[None, None, :]
-        )
-    else:
-        # V tile [D, N], transposed within the page.
-        v_base = tl.multiple_of(tl.max_constancy(page * stride_v_b + head_v, PAGE_RUN), 16)
-        v_offsets = v_base[None, :] + (dims * block_size)[:, None] + slot[None, :]
+        if V_PAGEWISE:  # block_size == PAGE_RUN; constant arithmetic keeps its decode 1-2% faster
+            page_index = keys // PAGE_RUN
+            slot = keys % PAGE_RUN
+        else:
+            page_index = keys >> block_shift
+            slot = keys & (block_size - 1)
+            slot = tl.max_contiguous(tl.multiple_of(slot, PAGE_RUN), PAGE_RUN)
+        page = tl.load(block_table_row + page_index, mask=keys <= last_key, other=0)
+        page = page.to(tl.int64)
+        k_base = tl.multiple_of(tl.max_constancy(page * stride_k_b + head_k, PAGE_RUN), 16)
+        # K tile [N, D], token-major.
+        k_offsets = k_base[:, None] + (slot * HEAD_SIZE)[:, None] + dims[None, :]
+        if V_PAGEWISE:
+            # block_size == PAGE_RUN. A page row of V (one dim, 16 keys) is under a 32-byte
+            # sector. Loaded as [D, N], each thread of a quarter-warp would read a different page
+            # and every sector would be fetched twice; loaded page by page, [PAGES, D, 16],
+            # consecutive threads read consecutive rows of one page. Then viewed as [D, N].
+            tile_pages = tile * (TILE_N // PAGE_RUN) + tl.arange(0, TILE_N // PAGE_RUN)
+            v_page = tl.load(
+                block_table_row + tile_pages, mask=tile_pages * PAGE_RUN <= last_key, other=0
+            )
+            v_base = tl.multiple_of(v_page.to(tl.int64) * stride_v_b + head_v, 16)
+            v_offsets = (
+                v_base[:, None, None]
+                + (dims * PAGE_RUN)[None, :, None]
+                + tl.arange(0, PAGE_RUN)[None, None, :]
+            )
+        else:
+            # V tile [D, N], transposed within the page.
+            v_base = tl.multiple_of(tl.max_constancy(page * stride_v_b + head_v, PAGE_RUN), 16)
+            v_offsets = v_base[None, :] + (dims * block_size)[:, None] + slot[None, :]
     if HEAD_SIZE == HEAD_PAD:
         k = tl.load(k_ptr + k_offsets)
     else:  # padded dims would read the next token's bytes, or past the cache's end
@@ -113,7 +129,8 @@ def load_tile(
     else:
         v = tl.load(v_ptr + v_offsets, mask=dim_valid[:, None], other=0)
     if QUANTIZED:
-        s_base = tl.multiple_of(tl.max_constancy(page * stride_s_b + head_s, PAGE_RUN), 16)
+        if not ONE_PAGE:
+            s_base = tl.multiple_of(tl.max_constancy(page * stride_s_b + head_s, PAGE_RUN), 16)
         k_scale = tl.load(k_scale_ptr + s_base + slot)
         if ALL_VALID:
             v_scale = tl.load(v_scale_ptr + s_base + slot)

@@ -196,6 +196,7 @@ def _prefill_tiles(
     DOT_IN_FP32: tl.constexpr,
     V_PAGEWISE: tl.constexpr,
     WIDEN_PTX: tl.constexpr,
+    ONE_PAGE: tl.constexpr,
     MASKED: tl.constexpr,  # False: every row sees every key of these tiles
 ):
     """Online softmax over KV tiles [tile_lo, tile_hi); returns (acc, max, sum, v_reference).
@@ -208,7 +209,7 @@ def _prefill_tiles(
         keys, key_valid, k, v, k_scale, v_scale, finite_v = load_tile(
             tile, first_key, last_key, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, block_table_row,
             head_k, head_v, head_s, block_size, block_shift, stride_k_b, stride_v_b, stride_s_b,
-            HEAD_SIZE, HEAD_PAD, TILE_N, QUANTIZED, V_PAGEWISE, not MASKED,
+            HEAD_SIZE, HEAD_PAD, TILE_N, QUANTIZED, V_PAGEWISE, not MASKED, ONE_PAGE,
         )  # fmt: skip
         if QUANTIZED:
             k = widen_codes(k, WIDEN_PTX)
@@ -298,6 +299,7 @@ def _prefill_kernel(
     # (QUANTIZED is False), the INT8 kernel's query and output, the scale pointers at the
     # workspace's bounds, whose powers of two scale the scores and the output back.
     EXPANDED: tl.constexpr,
+    ONE_PAGE: tl.constexpr,  # each KV tile lies in one page (the workspace's, `load_tile`)
 ):
     """One (query tile, kv head): block_q query tokens x all ``group`` query heads, causal."""
     kv_head = tl.program_id(1)
@@ -347,7 +349,7 @@ def _prefill_kernel(
         unmasked_hi, first_key, last_key, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, block_table_row,
         head_k, head_v, head_s, softcap, sliding_window, block_size, block_shift, stride_k_b,
         stride_v_b, stride_s_b, HEAD_SIZE, HEAD_PAD, TILE_N, QUANTIZED, DOT_IN_FP32, V_PAGEWISE,
-        WIDEN_PTX, False,
+        WIDEN_PTX, ONE_PAGE, False,
     )  # fmt: skip
     acc, running_max, running_sum, v_reference = _prefill_tiles(
         acc, running_max, running_sum, v_reference, q, score_scale, row_pos,
@@ -355,7 +357,7 @@ def _prefill_kernel(
         last_key, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, block_table_row, head_k, head_v,
         head_s, softcap, sliding_window, block_size, block_shift, stride_k_b, stride_v_b,
         stride_s_b, HEAD_SIZE, HEAD_PAD, TILE_N, QUANTIZED, DOT_IN_FP32, V_PAGEWISE, WIDEN_PTX,
-        True,
+        ONE_PAGE, True,
     )  # fmt: skip
 
     # ---- Epilogue ----
@@ -411,6 +413,7 @@ def prefill_spec(
     constexprs["TILE_N"] = config.tile_n
     constexprs["WIDEN_PTX"] = target == "cuda"
     constexprs["EXPANDED"] = expanded
+    constexprs["ONE_PAGE"] = expanded and WORKSPACE_BLOCK % config.tile_n == 0
     types = attention_types(
         _prefill_kernel, model_dtype, cache_dtype, out_dtype or model_dtype, expanded=expanded
     )
