@@ -16,10 +16,12 @@ import torch
 import triton
 import triton.language as tl
 
+from kvquant import PrefillConfig
 from kvquant._cache import SUPPORTED_BLOCK_SIZES as BLOCKS
 from kvquant._cache import SUPPORTED_HEAD_SIZES as SIZES
 from kvquant.ops import KernelSpec, aot_specs
 from kvquant.ops._common import make_spec
+from kvquant.ops.prefill_attention import prefill_spec
 
 DECODES = ("decode_attention", "decode_attention_one_split")
 WORKSPACE = ("prefill_bounds", "prefill_expand", "prefill_attention_expanded")
@@ -130,6 +132,15 @@ def test_specs_cover_every_parameter() -> None:
     expanded, _ = by_name["prefill_attention_expanded"]
     assert expanded.signature["k_ptr"] == "*fp16" and expanded.signature["k_scale_ptr"] == "*i32"
     assert (expanded.constexprs["QUANTIZED"], expanded.constexprs["EXPANDED"]) == (False, True)
+    # Its tiles lie in one workspace page (one block-table entry per tile), unless a launch
+    # shape's tile is wider than the page.
+    fused = by_name["prefill_attention"][0]
+    assert expanded.constexprs["ONE_PAGE"] and not fused.constexprs["ONE_PAGE"]
+    wide = prefill_spec(
+        head_size=128, block_size=16, gqa=4, model_dtype=torch.bfloat16, cache_dtype=torch.int8,
+        target="cuda", config=PrefillConfig(128, 128, 8, 2), expanded=True,
+    )  # fmt: skip
+    assert not wide.constexprs["ONE_PAGE"]
     # The fused INT8 prefill is not pipelined on either target; the 16-bit one takes two stages
     # on CUDA, and so does the prefill that reads the workspace.
     cuda_prefill, hip_prefill = by_name["prefill_attention"]
