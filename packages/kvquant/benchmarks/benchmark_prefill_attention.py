@@ -34,7 +34,7 @@ from _shapes import (
 )
 
 from kvquant import PrefillConfig
-from kvquant.ops.prefill_attention import PrefillPlan, plan_prefill
+from kvquant.ops.prefill_attention import WORKSPACE_LIMIT_BYTES, PrefillPlan, plan_prefill
 from kvquant.timing import graph_ms
 
 # Launch shapes `--sweep` times (`PrefillConfig`: rows, tile_n, warps, stages).
@@ -58,9 +58,10 @@ def planned_prefill(
     new: int,
     cache_dtype: torch.dtype,
     config: PrefillConfig | None = None,
-    workspace_limit_bytes: int | None = None,
+    workspace_limit_bytes: int = WORKSPACE_LIMIT_BYTES,
 ) -> PrefillPlan:
-    """One chunked prefill of random data, its checked launch (`plan_prefill`)."""
+    """One chunked prefill of random data, its checked launch (`plan_prefill`), which a CUDA
+    graph replays for the timings (`graph_ms`)."""
     setup = DecodeSetup(batch, cached + new, cache_dtype)
     query = torch.randn(batch * new, NUM_Q_HEADS, HEAD_SIZE, device="cuda", dtype=MODEL_DTYPE)
     cu_seqlens_q = torch.arange(0, (batch + 1) * new, new, device="cuda", dtype=torch.int32)
@@ -68,19 +69,6 @@ def planned_prefill(
         query, setup.cache, setup.block_table, setup.seq_lens, cu_seqlens_q, SOFTMAX_SCALE,
         config=config, workspace_limit_bytes=workspace_limit_bytes,
     )  # fmt: skip
-
-
-def prefill_ms(
-    batch: int,
-    cached: int,
-    new: int,
-    cache_dtype: torch.dtype,
-    config: PrefillConfig | None = None,
-    workspace_limit_bytes: int | None = None,
-) -> float:
-    """One chunked prefill, its checked launch replayed as a CUDA graph."""
-    plan = planned_prefill(batch, cached, new, cache_dtype, config, workspace_limit_bytes)
-    return graph_ms(plan.run)
 
 
 def sdpa_prefill_ms(batch: int, cached: int, new: int) -> float:
@@ -123,8 +111,8 @@ def prefill_table() -> None:
         assert int8_plan.workspace is not None
         int8_ms = graph_ms(int8_plan.run)
         expand_ms = graph_ms(int8_plan.workspace.fill)
-        fused_ms = prefill_ms(batch, cached, new, torch.int8, workspace_limit_bytes=0)
-        bf16_ms = prefill_ms(batch, cached, new, MODEL_DTYPE)
+        fused_ms = graph_ms(planned_prefill(batch, cached, new, torch.int8, None, 0).run)
+        bf16_ms = graph_ms(planned_prefill(batch, cached, new, MODEL_DTYPE).run)
         dense_ms = sdpa_prefill_ms(batch, cached, new)
         shape = f"{batch} x ({cached} + {new})"
         times = (int8_ms, fused_ms, bf16_ms, dense_ms)
@@ -143,7 +131,8 @@ def prefill_sweep() -> None:
     names = " ".join(f"{f'{b}x({c}+{n})':>14}" for b, c, n in PREFILL_SHAPES)
     print(f"{'cache':>8} {'rows':>4} {'tile':>4} {'warps':>5} {'stages':>6} {names}  (ms)")
     for dtype, config in itertools.product((torch.int8, MODEL_DTYPE), PREFILL_SWEEP):
-        cells = [f"{prefill_ms(*shape, dtype, config):>14.3f}" for shape in PREFILL_SHAPES]
+        times = (graph_ms(planned_prefill(*shape, dtype, config).run) for shape in PREFILL_SHAPES)
+        cells = [f"{t:>14.3f}" for t in times]
         launch_shape = (
             f"{config.rows:>4} {config.tile_n:>4} {config.num_warps:>5} {config.num_stages:>6}"
         )

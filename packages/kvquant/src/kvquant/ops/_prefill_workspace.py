@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .._cache import PagedKVCache, cache_from_pages, page_bytes
-from ._common import KernelSpec, launch, make_spec, pointer, runtime_parameters
+from ._common import KernelSpec, launch, make_spec, page_shift, pointer, runtime_parameters
 from ._paged_tiles import FREE_STRIDES, load_tile, shared_constexprs
 
 # Keys per workspace page: one 64-key tile of the 16-bit prefill on CUDA, two on HIP.
@@ -249,7 +249,7 @@ def plan_workspace(
         "page_seq_ptr": torch.tensor(page_seq, dtype=torch.int32, device=device),
         "page_tile_ptr": torch.tensor(page_tile, dtype=torch.int32, device=device),
         "block_size": cache.block_size,
-        "block_shift": cache.block_size.bit_length() - 1,
+        "block_shift": page_shift(cache.block_size),
         "stride_k_b": cache.k.stride(0),
         "stride_k_h": cache.k.stride(1),
         "stride_v_b": cache.v.stride(0),

@@ -403,10 +403,9 @@ def prefill_spec(
     workspace (`plan_workspace`), at the 16-bit prefill's launch shape."""
     quantized = cache_dtype == torch.int8 and not expanded
     config = config or prefill_config(head_size, target, quantized)
-    if expanded:
-        constexprs = shared_constexprs(head_size, WORKSPACE_BLOCK, torch.float16, target)
-    else:
-        constexprs = shared_constexprs(head_size, block_size, cache_dtype, target)
+    # The workspace is a 16-bit cache of WORKSPACE_BLOCK-key pages.
+    pages = (WORKSPACE_BLOCK, torch.float16) if expanded else (block_size, cache_dtype)
+    constexprs = shared_constexprs(head_size, *pages, target)
     # Both caches' dots are 16-bit; the interpreter gets them in fp32 (exact there).
     constexprs["DOT_IN_FP32"] = target == "interpreter"
     constexprs["ROWS"] = max(next_power_of_2(gqa), config.rows)
@@ -510,7 +509,7 @@ def plan_prefill(
     softcap: float | None = None,
     out: torch.Tensor | None = None,
     config: PrefillConfig | None = None,
-    workspace_limit_bytes: int | None = None,
+    workspace_limit_bytes: int = WORKSPACE_LIMIT_BYTES,
 ) -> PrefillPlan:
     """Check a prefill's inputs (reading ``cu_seqlens_q`` and ``seq_lens`` on the host) and lay
     out its launch; arguments as `prefill_attention`'s."""
@@ -555,7 +554,7 @@ def plan_prefill(
             firsts,
             [n if q else 0 for n, q in seq_queries],
             geometry["target"],
-            WORKSPACE_LIMIT_BYTES if workspace_limit_bytes is None else workspace_limit_bytes,
+            workspace_limit_bytes,
         )
     spec = prefill_spec(
         **geometry, out_dtype=result.dtype, config=config, expanded=workspace is not None
@@ -613,7 +612,7 @@ def prefill_attention(
     softcap: float | None = None,
     out: torch.Tensor | None = None,
     config: PrefillConfig | None = None,
-    workspace_limit_bytes: int | None = None,
+    workspace_limit_bytes: int = WORKSPACE_LIMIT_BYTES,
 ) -> torch.Tensor:
     """Causal varlen (chunked) prefill over the paged cache; the new tokens must be written first.
 
@@ -627,7 +626,7 @@ def prefill_attention(
         config: the launch shape (benchmarks sweep it); None: `prefill_config`'s.
         workspace_limit_bytes: INT8 cache: the largest fp16 workspace the prefill may allocate
             (`_prefill_workspace`); past it, or at 0, the prefill reads the INT8 pages itself
-            (fused). None: WORKSPACE_LIMIT_BYTES.
+            (fused).
 
     Returns:
         ``out`` (allocated if None), ``[total_q, num_q_heads, head_size]`` in query's dtype.
