@@ -2,7 +2,7 @@
 
 Run on a CUDA device:
   python benchmarks/benchmark_decode_attention.py [--sweep | --splits | --budget | --flush]
-  python benchmarks/benchmark_decode_attention.py [--geometry ... | --profile BATCH CONTEXT]
+  python benchmarks/benchmark_decode_attention.py [--geometry ... | --parts | --profile B CONTEXT]
 
 Shapes are the issue's: bf16 model, 32 query heads, 8 kv heads, head size 128, block size 16,
 batch 1/16/64 x context 1k/8k/32k. Every sequence has the full context. Times are medians of
@@ -57,6 +57,7 @@ from kvquant.timing import (
     copy_bandwidth,
     graph_ms,
     median_ms,
+    paged_kv_bytes,
     plain_read_ms,
     read_clear,
     zero_clear,
@@ -304,24 +305,7 @@ def budget() -> None:
         for setup in setups:
             setup.seq_lens.fill_(1)
         one_key = [graph_ms(runs[0]), graph_ms(*runs)]
-        reduce = reduce_spec(head_size=HEAD_SIZE, model_dtype=MODEL_DTYPE)
-        out = setups[0].out
-        partial_acc = torch.randn(batch, NUM_Q_HEADS, splits, HEAD_SIZE, device="cuda")
-        partial_max = torch.randn(batch, NUM_Q_HEADS, splits, device="cuda")
-        partial_sum = torch.rand(batch, NUM_Q_HEADS, splits, device="cuda") + 1
-        reduce_arguments = reduce.arguments(
-            out_ptr=out,
-            partial_acc_ptr=partial_acc,
-            partial_max_ptr=partial_max,
-            partial_sum_ptr=partial_sum,
-            num_splits=splits,
-            head_size=HEAD_SIZE,
-            stride_o_t=out.stride(0),
-            stride_o_h=out.stride(1),
-        )
-        reducer = graph_ms(
-            functools.partial(launch, reduce, (batch, NUM_Q_HEADS), reduce_arguments)
-        )
+        reducer = reducer_ms(setups[0].out, splits)
         streaming = [f - k for f, k in zip(full, one_key, strict=True)]
         tbs = [num_bytes / ms / 1e9 for ms in streaming]
         print(
@@ -332,6 +316,85 @@ def budget() -> None:
             flush=True,
         )
         del setups
+
+
+def reducer_ms(out: torch.Tensor, splits: int) -> float:
+    """The split reducer alone, graph-timed, on random partials of ``splits`` splits for ``out``
+    ([batch, query heads, head size])."""
+    batch, num_q_heads, head_size = out.shape
+    reduce = reduce_spec(head_size=head_size, model_dtype=out.dtype)
+    partial_acc = torch.randn(batch, num_q_heads, splits, head_size, device="cuda")
+    partial_max = torch.randn(batch, num_q_heads, splits, device="cuda")
+    partial_sum = torch.rand(batch, num_q_heads, splits, device="cuda") + 1
+    reduce_arguments = reduce.arguments(
+        out_ptr=out,
+        partial_acc_ptr=partial_acc,
+        partial_max_ptr=partial_max,
+        partial_sum_ptr=partial_sum,
+        num_splits=splits,
+        head_size=head_size,
+        stride_o_t=out.stride(0),
+        stride_o_h=out.stride(1),
+    )
+    return graph_ms(functools.partial(launch, reduce, (batch, num_q_heads), reduce_arguments))
+
+
+def parts_table(groups: list[tuple[int, int]]) -> None:
+    """Fixed and streaming parts of our INT8 and 16-bit decodes on each of GEOMETRIES x
+    GEOMETRY_SHAPES (those of ``groups`` if any), in us per call of a graph of GRAPH_CALLS
+    calls over GRAPH_CALLS caches, at the shipped launch shape and split count.
+
+    "full": the decode as --geometry's graph column times it. "1 key": every sequence cut to one
+    key, with the same plan (grid, split count, reducer), so every program still runs its
+    prologue and epilogue: the part that does not grow with the context. "reducer": the split
+    reducer alone on partials of the decode's shape (part of "1 key"). "streaming": full minus
+    1 key, and the KV bytes over it. The ratios are 16-bit over INT8.
+    """
+    print(
+        f"us per call of a graph of {GRAPH_CALLS} calls; full = 1 key + streaming; "
+        "ratios 16-bit / INT8"
+    )
+    print(
+        f"{'q/kv':>5} {'head':>4} {'batch x ctx':>11} {'cache':>5} {'splits':>6} {'full':>6} "
+        f"{'1 key':>6} {'reducer':>7} {'streaming':>9} {'TB/s':>5}"
+    )
+    for geometry, (batch, context) in itertools.product(GEOMETRIES, GEOMETRY_SHAPES):
+        if groups and geometry[:2] not in groups:
+            continue
+        parts = {}
+        for cache_dtype in (torch.int8, MODEL_DTYPE):
+            setups = [
+                DecodeSetup(batch, context, cache_dtype, geometry=geometry)
+                for _ in range(GRAPH_CALLS)
+            ]
+            planned = [planned_run(setup) for setup in setups]
+            full = graph_ms(*[run for run, _ in planned])
+            for setup in setups:
+                setup.seq_lens.fill_(1)
+            one_key = graph_ms(*[run for run, _ in planned])
+            splits = planned[0][1].num_splits
+            reducer = reducer_ms(setups[0].out, splits) if splits > 1 else 0.0
+            num_bytes = paged_kv_bytes(
+                batch,
+                context,
+                num_kv_heads=geometry[1],
+                head_size=geometry[2],
+                block_size=BLOCK_SIZE,
+                cache_dtype=cache_dtype,
+            )
+            parts[cache_dtype] = (full, one_key, full - one_key)
+            print(
+                f"{geometry[0]:>2}/{geometry[1]:<2} {geometry[2]:>4} "
+                f"{batch:>3} x {context // 1024:>3}k "
+                f"{'int8' if cache_dtype == torch.int8 else '16b':>5} {splits:>6} "
+                f"{full * 1e3:>6.1f} {one_key * 1e3:>6.1f} {reducer * 1e3:>7.1f} "
+                f"{(full - one_key) * 1e3:>9.1f} {num_bytes / (full - one_key) / 1e9:>5.2f}",
+                flush=True,
+            )
+            del setups, planned
+        ratios = [b / a for a, b in zip(parts[torch.int8], parts[MODEL_DTYPE], strict=True)]
+        print(f"{'':>24} ratio: full {ratios[0]:.2f}x, 1 key {ratios[1]:.2f}x, "
+              f"streaming {ratios[2]:.2f}x")  # fmt: skip
 
 
 def flush_check() -> None:
@@ -615,6 +678,12 @@ def main() -> None:
         help="time graph and eager decodes over the issue's geometry table instead",
     )
     parser.add_argument(
+        "--parts",
+        action="store_true",
+        help="split both decodes' time into the fixed and the streaming part per geometry row "
+        "instead (--groups selects rows)",
+    )
+    parser.add_argument(
         "--columns",
         nargs="+",
         type=int,
@@ -672,6 +741,8 @@ def main() -> None:
         budget()
     elif args.flush:
         flush_check()
+    elif args.parts:
+        parts_table(args.groups)
     elif args.geometry:
         geometry_table(args.columns, args.pv, args.groups, args.num_splits)
     else:

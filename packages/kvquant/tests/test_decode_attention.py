@@ -268,6 +268,22 @@ def test_fp16_pv_decode_nan_reaches_only_the_query_heads_that_see_it(
     assert torch.equal(got[~poisoned], want[~poisoned])
 
 
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_fp16_pv_decode_query_rows_of_zeros_attend_evenly(
+    softcap: float | None, device: torch.device, gen: torch.Generator
+) -> None:
+    """Query rows of zeros (one head of sequence 0, every head of sequence 1) score 0 at every
+    key they see: their outputs are the mean of those V rows, as the reference's, not NaN (the
+    row scale is 0, and no 0 x -inf may reach a key that is not valid)."""
+    batch = _wide_batch([300, 37], device, gen, group=32, num_kv_heads=1)
+    batch.query[0, 3] = 0.0
+    batch.query[1] = 0.0
+    for num_splits in (1, 3):
+        plan, out = _run_plan(batch, 300, softcap=softcap, num_splits=num_splits)
+        assert plan.fp16_pv and not out.isnan().any()
+        assert_close(out, reference_out(batch, None, softcap), ATTENTION_TOLERANCE)
+
+
 def test_int8_groups_of_16_and_more_take_the_fp16_pv_decode() -> None:
     """The launch's choice by target and GQA ratio, and a forced choice it cannot serve refused
     in one line (the fp16 P x V decode widens codes in PTX, and needs an INT8 cache)."""

@@ -55,6 +55,7 @@ def load_tile(
     V_PAGEWISE: tl.constexpr,
     ALL_VALID: tl.constexpr = False,  # the caller knows every key of the tile is valid
     ONE_PAGE: tl.constexpr = False,  # block_size is a multiple of TILE_N: the tile is in one page
+    KEY_PAGES: tl.constexpr = False,  # with V_PAGEWISE: K and the scales page by page too
 ):
     """KV tile ``tile``: (keys, key_valid, K [N, D], V [D, N], K scales, V scales, finite V).
 
@@ -69,6 +70,8 @@ def load_tile(
     loaded, and the caller poisons the rows through P instead. 16-bit: the scales are zeros,
     never read. With ONE_PAGE (the INT8 prefill's fp16 workspace, pages a multiple of the tile)
     the tile's keys are one page's consecutive slots: one block-table entry, one base address.
+    With KEY_PAGES (V_PAGEWISE only) K and the scales are loaded page by page as V is, [PAGES,
+    16, D] and [PAGES, 16]: one block-table entry per page rather than per key.
     """
     dims = tl.arange(0, HEAD_PAD)
     dim_valid = dims < HEAD_SIZE
@@ -95,11 +98,14 @@ def load_tile(
             page_index = keys >> block_shift
             slot = keys & (block_size - 1)
             slot = tl.max_contiguous(tl.multiple_of(slot, PAGE_RUN), PAGE_RUN)
-        page = tl.load(block_table_row + page_index, mask=keys <= last_key, other=0)
-        page = page.to(tl.int64)
-        k_base = tl.multiple_of(tl.max_constancy(page * stride_k_b + head_k, PAGE_RUN), 16)
-        # K tile [N, D], token-major.
-        k_offsets = k_base[:, None] + (slot * HEAD_SIZE)[:, None] + dims[None, :]
+        if KEY_PAGES:
+            tl.static_assert(V_PAGEWISE)
+        else:
+            page = tl.load(block_table_row + page_index, mask=keys <= last_key, other=0)
+            page = page.to(tl.int64)
+            k_base = tl.multiple_of(tl.max_constancy(page * stride_k_b + head_k, PAGE_RUN), 16)
+            # K tile [N, D], token-major.
+            k_offsets = k_base[:, None] + (slot * HEAD_SIZE)[:, None] + dims[None, :]
         if V_PAGEWISE:
             # block_size == PAGE_RUN. A page row of V (one dim, 16 keys) is under a 32-byte
             # sector. Loaded as [D, N], each thread of a quarter-warp would read a different page
@@ -109,7 +115,17 @@ def load_tile(
             v_page = tl.load(
                 block_table_row + tile_pages, mask=tile_pages * PAGE_RUN <= last_key, other=0
             )
-            v_base = tl.multiple_of(v_page.to(tl.int64) * stride_v_b + head_v, 16)
+            v_page = v_page.to(tl.int64)
+            v_base = tl.multiple_of(v_page * stride_v_b + head_v, 16)
+            if KEY_PAGES:
+                k_page_base = tl.multiple_of(v_page * stride_k_b + head_k, 16)
+                k_offsets = (
+                    k_page_base[:, None, None]
+                    + (tl.arange(0, PAGE_RUN) * HEAD_SIZE)[None, :, None]
+                    + dims[None, None, :]
+                )
+                s_page_base = tl.multiple_of(v_page * stride_s_b + head_s, 16)
+                s_offsets = s_page_base[:, None] + tl.arange(0, PAGE_RUN)[None, :]
             v_offsets = (
                 v_base[:, None, None]
                 + (dims * PAGE_RUN)[None, :, None]
@@ -119,7 +135,10 @@ def load_tile(
             # V tile [D, N], transposed within the page.
             v_base = tl.multiple_of(tl.max_constancy(page * stride_v_b + head_v, PAGE_RUN), 16)
             v_offsets = v_base[None, :] + (dims * block_size)[:, None] + slot[None, :]
-    if HEAD_SIZE == HEAD_PAD:
+    if KEY_PAGES:
+        k = tl.load(k_ptr + k_offsets, mask=dim_valid[None, None, :], other=0)
+        k = tl.reshape(k, [TILE_N, HEAD_PAD])
+    elif HEAD_SIZE == HEAD_PAD:
         k = tl.load(k_ptr + k_offsets)
     else:  # padded dims would read the next token's bytes, or past the cache's end
         k = tl.load(k_ptr + k_offsets, mask=dim_valid[None, :], other=0)
@@ -129,15 +148,20 @@ def load_tile(
     else:
         v = tl.load(v_ptr + v_offsets, mask=dim_valid[:, None], other=0)
     if QUANTIZED:
-        if not ONE_PAGE:
-            s_base = tl.multiple_of(tl.max_constancy(page * stride_s_b + head_s, PAGE_RUN), 16)
-        k_scale = tl.load(k_scale_ptr + s_base + slot)
+        if KEY_PAGES:
+            k_scale = tl.reshape(tl.load(k_scale_ptr + s_offsets), [TILE_N])
+            loaded_v_scale = tl.reshape(tl.load(v_scale_ptr + s_offsets), [TILE_N])
+        else:
+            if not ONE_PAGE:
+                s_base = tl.multiple_of(tl.max_constancy(page * stride_s_b + head_s, PAGE_RUN), 16)
+            k_scale = tl.load(k_scale_ptr + s_base + slot)
+            loaded_v_scale = tl.load(v_scale_ptr + s_base + slot)
         if ALL_VALID:
-            v_scale = tl.load(v_scale_ptr + s_base + slot)
+            v_scale = loaded_v_scale
             finite_v = v_scale - v_scale == 0.0
         else:
             # Stale scales of masked keys may be anything, inf included: zero them.
-            v_scale = tl.where(key_valid, tl.load(v_scale_ptr + s_base + slot), 0.0)
+            v_scale = tl.where(key_valid, loaded_v_scale, 0.0)
             # A non-finite V scale (poisoned token) cannot reach the int8 P tile; it makes the
             # key's scores NaN instead, so exactly the rows that see the token turn NaN.
             finite_v = v_scale - v_scale == 0.0

@@ -258,18 +258,22 @@ def _fp16_pv_tiles(
     group's query heads along the dots' M and the keys along N, as the prefill's rows; returns
     (acc [HEAD_PAD, COLS], max, sum) as `_decode_tiles` does.
 
-    A group of 16 or 32 fills the MMA's rows, and each warp then holds whole rows of scores, so
-    the softmax reduces within a warp and P feeds the P x V dot from registers; with the keys
-    along M, as for small groups, every tile reduced across the warps and P passed through
-    shared memory (7-10% slower on the H200; DESIGN.md, "Wide groups"). Q x K on exact int8 dots;
+    A group of 16 or 32 fills the MMA's rows; with the keys along M, as for small groups, the
+    decode was 7-10% slower on the H200 (DESIGN.md, "Wide groups"). Q x K on exact int8 dots;
     P x V in fp16: V codes widened in registers (exact), P times each key's V scale over the
     largest V scale seen so far (v_reference), x127, rounded to fp16 (11 bits; the 16-bit decode
     rounds P to bf16's 8). acc is kept in units of v_reference / 127 and rescaled with the max.
+    Per score the loop does what cannot wait: the key's scale and mask in one FMA, the row's
+    scale in the exponent's FMA (the row's largest score is its scale times its largest
+    product); at block 16, K and the scales come page by page (`load_tile`'s KEY_PAGES).
     """
     running_max = tl.full([COLS], float("-inf"), tl.float32)
     running_sum = tl.zeros([COLS], tl.float32)
     acc = tl.zeros([COLS, HEAD_PAD], tl.float32)
     v_reference = 1e-6  # the largest finite V scale so far, at least the cache's scale floor
+    # The row's scale in the exponent's FMA (below): > 0 or NaN, so the scores of a query row of
+    # zeros stay 0 at its valid keys and -inf at the others (not 0 x -inf).
+    exp_scale = tl.where(score_scale == 0.0, 1.0, score_scale)
     head_k = kv_head.to(tl.int64) * stride_k_h
     head_v = kv_head.to(tl.int64) * stride_v_h
     head_s = kv_head.to(tl.int64) * stride_s_h
@@ -296,19 +300,29 @@ def _fp16_pv_tiles(
             TILE_N,
             True,
             V_PAGEWISE,
+            KEY_PAGES=V_PAGEWISE,
         )
         k_t = tl.trans(k)
         qk = tl.dot(q_low, k_t, tl.dot(q, k_t) * 254, out_dtype=tl.int32)  # exact in int32
-        scores = qk.to(tl.float32) * score_scale[:, None] * k_scale[None, :]
+        # The key's scale and its mask in one FMA: keys that are not valid get -inf (their
+        # stale scales are replaced by 0 first, so no inf * 0 reaches them).
+        key_scale = tl.where(key_valid, k_scale, 0.0)
+        key_bias = tl.where(key_valid, 0.0, float("-inf"))
+        scores = qk.to(tl.float32) * key_scale[None, :] + key_bias[None, :]
         if softcap > 0:
-            scores = apply_softcap(scores, softcap)
-        scores = tl.where(key_valid[None, :], scores, float("-inf"))
+            scores = apply_softcap(scores * score_scale[:, None], softcap)
+            scores = tl.where(key_valid[None, :], scores, float("-inf"))
+            p_scale = tl.full([COLS], 1.0, tl.float32)
+        else:
+            # The row's scale waits for the exponent's FMA; it is > 0 (or NaN), so the row's
+            # largest score is its scale times the largest product.
+            p_scale = exp_scale
         v_weight, rescale, v_reference = running_v_weights(v_scale, finite_v, v_reference, 0.0)
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1) * p_scale)
         safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
         correction = tl.exp2(running_max - safe_max)
         acc = acc * (correction * rescale)[:, None]
-        p = tl.exp2(scores - safe_max[:, None])
+        p = tl.exp2(scores * p_scale[:, None] - safe_max[:, None])
         running_sum = running_sum * correction + tl.sum(p, axis=1)
         running_max = new_max
         p_weighted = (p * v_weight[None, :]).to(tl.float16)
