@@ -90,7 +90,7 @@ _DECODE_COLUMNS_MAX: dict[str, int] = {"cuda": 8, "interpreter": 8}
 # _FP16_PV_COLUMNS_MAX columns) in one program, which loads each K/V tile once, where the
 # integer decode's programs of 8 columns each load it and each redo the per-key work. H200, bf16
 # model, head 128, block 16, graph ms at 32 x 8k (`benchmark_decode_attention.py --geometry --pv
-# fp16`; DESIGN.md, "Wide groups"): MQA 32/1 0.041, 16/1 0.031, 32/2 0.051, where the integer
+# fp16`; DESIGN.md, "Wide groups"): MQA 32/1 0.040, 16/1 0.031, 32/2 0.051, where the integer
 # decode took 0.055 / 0.036 / 0.056 (`--pv int8`, an earlier run). CUDA only: the V codes are
 # widened by PTX (`widen_codes`); gfx90a keeps the integer dots (its MFMA takes int8 at the fp16
 # rate; nothing timed there). The interpreter follows CUDA.
