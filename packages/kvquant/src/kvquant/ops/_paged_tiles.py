@@ -73,13 +73,13 @@ def load_tile(
     With KEY_PAGES (V_PAGEWISE only) K and the scales are loaded page by page as V is, [PAGES,
     16, D] and [PAGES, 16]: one block-table entry per page rather than per key.
     """
+    tl.static_assert(not (ONE_PAGE and V_PAGEWISE) and (V_PAGEWISE or not KEY_PAGES))
     dims = tl.arange(0, HEAD_PAD)
     dim_valid = dims < HEAD_SIZE
     keys = tile * TILE_N + tl.arange(0, TILE_N)  # [N]
     key_valid = (keys >= first_key) & (keys <= last_key)
     if ONE_PAGE:
         # The tile lies in one page: one block-table entry and one base address for all of it.
-        tl.static_assert(not V_PAGEWISE)
         tile_first = tile * TILE_N
         page = tl.load(
             block_table_row + (tile_first >> block_shift), mask=tile_first <= last_key, other=0
@@ -98,9 +98,7 @@ def load_tile(
             page_index = keys >> block_shift
             slot = keys & (block_size - 1)
             slot = tl.max_contiguous(tl.multiple_of(slot, PAGE_RUN), PAGE_RUN)
-        if KEY_PAGES:
-            tl.static_assert(V_PAGEWISE)
-        else:
+        if not KEY_PAGES:
             page = tl.load(block_table_row + page_index, mask=keys <= last_key, other=0)
             page = page.to(tl.int64)
             k_base = tl.multiple_of(tl.max_constancy(page * stride_k_b + head_k, PAGE_RUN), 16)
