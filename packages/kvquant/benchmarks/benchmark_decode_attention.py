@@ -346,9 +346,12 @@ def parts_table(groups: list[tuple[int, int]]) -> None:
 
     "full": the decode as --geometry's graph column times it. "1 key": every sequence cut to one
     key, with the same plan (grid, split count, reducer), so every program still runs its
-    prologue and epilogue: the part that does not grow with the context. "reducer": the split
-    reducer alone on partials of the decode's shape (part of "1 key"). "streaming": full minus
-    1 key, and the KV bytes over it. The ratios are 16-bit over INT8.
+    prologue and epilogue: the part that does not grow with the context. "reducer": full minus
+    the same graph without the split reducer's launches, the most that combining the partials
+    any other way could save (part of "1 key"). "streaming": full minus 1 key, and the KV bytes
+    over it. The ratios are 16-bit over INT8; "without reducers" compares both decodes with
+    their reducers removed, "INT8 without" the INT8 decode without its reducer against the
+    16-bit decode with.
     """
     print(
         f"us per call of a graph of {GRAPH_CALLS} calls; full = 1 key + streaming; "
@@ -369,11 +372,13 @@ def parts_table(groups: list[tuple[int, int]]) -> None:
             ]
             planned = [planned_run(setup) for setup in setups]
             full = graph_ms(*[run for run, _ in planned])
+            without_reducer = graph_ms(*[decode_alone(setup, plan) for setup, (_, plan) in
+                                         zip(setups, planned, strict=True)])  # fmt: skip
             for setup in setups:
                 setup.seq_lens.fill_(1)
             one_key = graph_ms(*[run for run, _ in planned])
             splits = planned[0][1].num_splits
-            reducer = reducer_ms(setups[0].out, splits) if splits > 1 else 0.0
+            reducer = full - without_reducer
             num_bytes = paged_kv_bytes(
                 batch,
                 context,
@@ -382,7 +387,7 @@ def parts_table(groups: list[tuple[int, int]]) -> None:
                 block_size=BLOCK_SIZE,
                 cache_dtype=cache_dtype,
             )
-            parts[cache_dtype] = (full, one_key, full - one_key)
+            parts[cache_dtype] = (full, one_key, full - one_key, without_reducer)
             print(
                 f"{geometry[0]:>2}/{geometry[1]:<2} {geometry[2]:>4} "
                 f"{batch:>3} x {context // 1024:>3}k "
@@ -393,8 +398,18 @@ def parts_table(groups: list[tuple[int, int]]) -> None:
             )
             del setups, planned
         ratios = [b / a for a, b in zip(parts[torch.int8], parts[MODEL_DTYPE], strict=True)]
+        int8_without = parts[MODEL_DTYPE][0] / parts[torch.int8][3]
         print(f"{'':>24} ratio: full {ratios[0]:.2f}x, 1 key {ratios[1]:.2f}x, "
-              f"streaming {ratios[2]:.2f}x")  # fmt: skip
+              f"streaming {ratios[2]:.2f}x, without reducers {ratios[3]:.2f}x, "
+              f"INT8 without {int8_without:.2f}x")  # fmt: skip
+
+
+def decode_alone(setup: DecodeSetup, plan: DecodePlan) -> Callable[[], object]:
+    """``plan``'s decode kernel without the split reducer's launch (its output left as the
+    partials): what a decode that combined its partials for free would take."""
+    without_reducer = dataclasses.replace(plan, _reduce=lambda *arguments: None)
+    run, _ = planned_run(setup, plan=without_reducer)
+    return run
 
 
 def flush_check() -> None:
@@ -451,11 +466,15 @@ def eager_ms(calls: Sequence[Callable[[], object]]) -> float:
 
 
 def planned_run(
-    setup: DecodeSetup, config: DecodeConfig | None = None, num_splits: int | None = None
+    setup: DecodeSetup,
+    config: DecodeConfig | None = None,
+    num_splits: int | None = None,
+    plan: DecodePlan | None = None,
 ) -> tuple[Callable[[], object], DecodePlan]:
     """The decode as the vLLM plugin launches it: a DecodePlan and a scratch made once, at
-    ``config``'s launch shape (None: the shipped one) and ``num_splits`` (None: the launcher's)."""
-    plan = setup.plan(config, num_splits)
+    ``config``'s launch shape (None: the shipped one) and ``num_splits`` (None: the launcher's),
+    or ``plan`` where given."""
+    plan = plan or setup.plan(config, num_splits)
     run = functools.partial(
         plan.run,
         setup.query,
