@@ -248,9 +248,9 @@ def test_fp16_pv_decode_rescales_when_later_keys_dominate(
 def test_fp16_pv_decode_nan_reaches_only_the_query_heads_that_see_it(
     device: torch.device, gen: torch.Generator
 ) -> None:
-    """A NaN V scale of one token of kv head 1 (sequence 0) and a NaN query row (sequence 1):
-    NaN exactly in kv head 1's query heads of sequence 0 and in that row; every other output
-    the bits of the clean decode."""
+    """A NaN V scale of one token of kv head 1 (sequence 0), a NaN query row and an inf one
+    (sequence 1): NaN exactly in kv head 1's query heads of sequence 0 and in those rows; every
+    other output the bits of the clean decode."""
     seed = int(torch.randint(0, 2**31 - 1, (), generator=gen))
     clean, dirty = (
         _wide_batch([300, 200], device, torch.Generator().manual_seed(seed), group=16,
@@ -260,10 +260,12 @@ def test_fp16_pv_decode_nan_reaches_only_the_query_heads_that_see_it(
     assert dirty.cache.v_scale is not None
     dirty.cache.v_scale[int(dirty.block_table[0, 150 // 16]), 1, 150 % 16] = math.nan
     dirty.query[1, 5, 7] = math.nan
+    dirty.query[1, 9, 3] = math.inf
     got, want = _run_plan(dirty, 300, num_splits=2)[1], _run_plan(clean, 300, num_splits=2)[1]
     poisoned = torch.zeros(got.shape[:2], dtype=torch.bool, device=got.device)
     poisoned[0, 16:32] = True
     poisoned[1, 5] = True
+    poisoned[1, 9] = True
     assert got[poisoned].isnan().all()
     assert torch.equal(got[~poisoned], want[~poisoned])
 

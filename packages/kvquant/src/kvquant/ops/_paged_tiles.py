@@ -1,7 +1,8 @@
-"""What the paged attention kernels share: the KV tile loader and the softmax's device steps,
-the 16-bit <-> bits conversions of the INT8 kernels' operands, and the launchers' input checks and
-spec pieces. The decode (`decode_attention`) and the prefill (`prefill_attention`) are built from
-these; neither reaches into the other.
+"""What the paged attention kernels share: the KV tile loader and the softmax's device steps, the
+16-bit <-> bits conversions of the INT8 kernels' operands, the NaN-keeping max (the cache write's
+quantizer uses it too), and the launchers' input checks and spec pieces. The decode
+(`decode_attention`) and the prefill (`prefill_attention`) are built from these; neither reaches
+into the other.
 """
 
 # mypy: disable-error-code="no-untyped-def"
@@ -252,9 +253,19 @@ def dot_16bit(a, b, DOT_IN_FP32: tl.constexpr, acc=None):
 @triton.jit
 def float_from_bits(bits, is_bf16):
     """fp32 values of 16-bit floats held as int16 bits: bf16 where is_bf16 != 0, else fp16."""
-    as_bf16 = (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    as_fp16 = bits.to(tl.float16, bitcast=True).to(tl.float32)
-    return tl.where(is_bf16 != 0, as_bf16, as_fp16)
+    # A branch, not a select: is_bf16 is one value for the whole program, so it converts once.
+    if is_bf16 != 0:
+        values = (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        values = bits.to(tl.float16, bitcast=True).to(tl.float32)
+    return values
+
+
+@triton.jit
+def max_keeping_nan(a, b):
+    """The larger of a and b, NaN if either is: a `tl.reduce` combiner whose one pass over a row
+    finds its largest magnitude and whether it holds NaN."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit

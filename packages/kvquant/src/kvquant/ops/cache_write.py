@@ -31,6 +31,7 @@ from ._common import (
     pointer,
     runtime_parameters,
 )
+from ._paged_tiles import max_keeping_nan
 
 # Tokens and warps per program (benchmark_cache_write.py --sweep on the H200; DESIGN.md, "Cache
 # write"): 16 tokens on 2 warps took 0.062 ms for 32k tokens, 4 warps 0.076, 8 warps 0.091; 8 tokens
@@ -39,11 +40,6 @@ from ._common import (
 # of a tile stays within one page.
 _BLOCK_TOKENS = 16
 _NUM_WARPS = 2
-
-
-@triton.jit
-def _max_keeping_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -56,7 +52,7 @@ def _quantize_rows(x):
     so each step is chosen for its count: one NaN-keeping max finds both the scale and a bad row;
     the rounding works on |x| and puts the sign back last.
     """
-    absmax = tl.reduce(tl.abs(x), 1, _max_keeping_nan)  # NaN if any NaN, inf if any inf
+    absmax = tl.reduce(tl.abs(x), 1, max_keeping_nan)  # NaN if any NaN, inf if any inf
     bad = (absmax != absmax) | (absmax == float("inf"))
     # div_rn: IEEE division, as torch computes it; plain `/` compiles to an approximate divide.
     scale = tl.maximum(tl.math.div_rn(absmax, 127.0), 1e-6)

@@ -54,6 +54,7 @@ from ._paged_tiles import (
     dot_16bit,
     float_from_bits,
     load_tile,
+    max_keeping_nan,
     running_v_weights,
     shared_constexprs,
     softmax_step,
@@ -349,8 +350,9 @@ def _prepare_query(q, query_bf16, softmax_scale, softcap, QUANTIZED: tl.constexp
     """
     if QUANTIZED:
         q32 = float_from_bits(q, query_bf16)
-        row_absmax = tl.max(tl.abs(q32), axis=1)
-        finite = tl.max(tl.where(q32 - q32 == 0.0, 0.0, 1.0), axis=1) == 0.0
+        # One NaN-keeping max finds both the row's scale and a row with NaN or inf.
+        row_absmax = tl.reduce(tl.abs(q32), 1, max_keeping_nan)
+        finite = row_absmax < float("inf")  # False at NaN too
         to_codes = tl.where(row_absmax > 0.0, 127.0 / row_absmax, 0.0)
         q, q_low = _split_to_int8(tl.where(finite[:, None], q32 * to_codes[:, None], 0.0))
         row_scale = tl.where(finite, row_absmax / (127.0 * 254.0), float("nan")) * softmax_scale
