@@ -1,6 +1,6 @@
 """What the paged attention kernels share: the KV tile loader and the softmax's device steps, the
-16-bit <-> bits conversions of the INT8 kernels' operands, the NaN-keeping max (the cache write's
-quantizer uses it too), and the launchers' input checks and spec pieces. The decode
+16-bit <-> bits conversions of the INT8 kernels' operands, rows' magnitudes (the cache write's
+quantizer uses them too), and the launchers' input checks and spec pieces. The decode
 (`decode_attention`) and the prefill (`prefill_attention`) are built from these; neither reaches
 into the other.
 """
@@ -262,10 +262,16 @@ def float_from_bits(bits, is_bf16):
 
 
 @triton.jit
-def max_keeping_nan(a, b):
-    """The larger of a and b, NaN if either is: a `tl.reduce` combiner whose one pass over a row
-    finds its largest magnitude and whether it holds NaN."""
+def _max_keeping_nan(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def row_magnitudes(x):
+    """Per row of ``x [R, C]``: its largest |value| (NaN if the row holds NaN, else inf if it
+    holds inf) and whether every value is finite, from one reduction."""
+    absmax = tl.reduce(tl.abs(x), 1, _max_keeping_nan)
+    return absmax, absmax < float("inf")  # NaN compares False too
 
 
 @triton.jit

@@ -31,7 +31,7 @@ from ._common import (
     pointer,
     runtime_parameters,
 )
-from ._paged_tiles import max_keeping_nan
+from ._paged_tiles import row_magnitudes
 
 # Tokens and warps per program (benchmark_cache_write.py --sweep on the H200; DESIGN.md, "Cache
 # write"): 16 tokens on 2 warps took 0.062 ms for 32k tokens, 4 warps 0.076, 8 warps 0.091; 8 tokens
@@ -52,12 +52,11 @@ def _quantize_rows(x):
     so each step is chosen for its count: one NaN-keeping max finds both the scale and a bad row;
     the rounding works on |x| and puts the sign back last.
     """
-    absmax = tl.reduce(tl.abs(x), 1, max_keeping_nan)  # NaN if any NaN, inf if any inf
-    bad = (absmax != absmax) | (absmax == float("inf"))
+    absmax, finite = row_magnitudes(x)
     # div_rn: IEEE division, as torch computes it; plain `/` compiles to an approximate divide.
     scale = tl.maximum(tl.math.div_rn(absmax, 127.0), 1e-6)
-    inverse = tl.where(bad, 0.0, tl.math.div_rn(tl.zeros_like(scale) + 1.0, scale))
-    scaled = tl.where(bad[:, None], 0.0, x * inverse[:, None])
+    inverse = tl.where(finite, tl.math.div_rn(tl.zeros_like(scale) + 1.0, scale), 0.0)
+    scaled = tl.where(finite[:, None], x * inverse[:, None], 0.0)
     # Round half away from zero on the magnitude: floor, then up when the rest is >= 0.5.
     # Compared as `magnitude >= whole + 0.5` (exact), not `magnitude - whole >= 0.5`: the
     # subtraction would be fused with the multiply above into an FMA that sees the unrounded
@@ -68,7 +67,7 @@ def _quantize_rows(x):
     # |codes| <= 127: the scale maps absmax to 127, so -128 never occurs (upstream's clamp to
     # [-128, 127] is then the same clamp).
     codes = tl.where(scaled < 0.0, -rounded, rounded).to(tl.int8)
-    return codes, tl.where(bad, float("nan"), scale)
+    return codes, tl.where(finite, scale, float("nan"))
 
 
 @triton.jit(do_not_specialize=["num_tokens", "block_shift"])

@@ -54,7 +54,7 @@ from ._paged_tiles import (
     dot_16bit,
     float_from_bits,
     load_tile,
-    max_keeping_nan,
+    row_magnitudes,
     running_v_weights,
     shared_constexprs,
     softmax_step,
@@ -350,9 +350,7 @@ def _prepare_query(q, query_bf16, softmax_scale, softcap, QUANTIZED: tl.constexp
     """
     if QUANTIZED:
         q32 = float_from_bits(q, query_bf16)
-        # One NaN-keeping max finds both the row's scale and a row with NaN or inf.
-        row_absmax = tl.reduce(tl.abs(q32), 1, max_keeping_nan)
-        finite = row_absmax < float("inf")  # False at NaN too
+        row_absmax, finite = row_magnitudes(q32)
         to_codes = tl.where(row_absmax > 0.0, 127.0 / row_absmax, 0.0)
         q, q_low = _split_to_int8(tl.where(finite[:, None], q32 * to_codes[:, None], 0.0))
         row_scale = tl.where(finite, row_absmax / (127.0 * 254.0), float("nan")) * softmax_scale

@@ -63,6 +63,7 @@ from ._paged_tiles import (
     kernel_operand,
     load_tile,
     query_is_bf16,
+    row_magnitudes,
     running_v_weights,
     shared_constexprs,
     softmax_step,
@@ -145,8 +146,7 @@ def _query_operand(q, query_bf16, softmax_scale, softcap, QUANTIZED: tl.constexp
     """
     if QUANTIZED:
         q32 = float_from_bits(q, query_bf16)
-        finite = tl.max(tl.where(q32 - q32 == 0.0, 0.0, 1.0), axis=1) == 0.0
-        row_absmax = tl.max(tl.where(finite[:, None], tl.abs(q32), 0.0), axis=1)
+        row_absmax, finite = row_magnitudes(q32)
         # The power and its inverse are built from exponent bits, so both are exact; capped at
         # 2**126, whose inverse is still a normal fp32 (a row past it keeps |q| / power <= 4).
         exponent_bits = tl.minimum(row_absmax.to(tl.int32, bitcast=True) & 0x7F800000, 126 << 23)
