@@ -52,7 +52,7 @@ from _shapes import (
 
 from kvquant import DecodeConfig, DecodePlan, decode_config
 from kvquant.ops._common import launch
-from kvquant.ops._reduce_splits import reduce_spec
+from kvquant.ops.decode.reduce import reduce_spec
 from kvquant.timing import (
     copy_bandwidth,
     graph_ms,

@@ -18,6 +18,7 @@ Nsight Compute.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 
 import torch
@@ -34,7 +35,7 @@ from _shapes import (
 )
 
 from kvquant import PrefillConfig
-from kvquant.ops.prefill_attention import WORKSPACE_LIMIT_BYTES, PrefillPlan, plan_prefill
+from kvquant.ops.prefill import WORKSPACE_LIMIT_BYTES, PrefillPlan, plan_prefill
 from kvquant.timing import graph_ms
 
 # Launch shapes `--sweep` times (`PrefillConfig`: rows, tile_n, warps, stages).
@@ -110,7 +111,7 @@ def prefill_table() -> None:
         int8_plan = planned_prefill(batch, cached, new, torch.int8)
         assert int8_plan.workspace is not None
         int8_ms = graph_ms(int8_plan.run)
-        expand_ms = graph_ms(int8_plan.workspace.fill)
+        expand_ms = graph_ms(functools.partial(int8_plan.step.fill, int8_plan.cache))
         fused_ms = graph_ms(planned_prefill(batch, cached, new, torch.int8, None, 0).run)
         bf16_ms = graph_ms(planned_prefill(batch, cached, new, MODEL_DTYPE).run)
         dense_ms = sdpa_prefill_ms(batch, cached, new)

@@ -50,7 +50,7 @@ from _shapes import (
 )
 
 from kvquant import to_upstream_layout
-from kvquant.ops.prefill_attention import plan_prefill
+from kvquant.ops.prefill import plan_prefill
 from kvquant.timing import graph_ms
 
 # The backend's constants (vllm/v1/attention/backends/triton_attn.py): the split-KV path serves

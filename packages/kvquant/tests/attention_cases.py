@@ -1,5 +1,6 @@
 """What the attention tests share: paged batches of random data, the kernels' outputs poisoned
-with NaN first, the fp32 reference on the same (dequantized) cache, and the check between them.
+with NaN first, decode plans of a batch's geometry, the fp32 reference on the same (dequantized)
+cache, and the check between them.
 
 The reference reads the same cache, so the tolerances (`kvquant check`'s own) measure kernel
 error only; the quantization error is checked separately against the unquantized K/V.
@@ -8,10 +9,11 @@ error only; the quantization error is checked separately against the unquantized
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
-from kvquant import decode_attention, prefill_attention
+from kvquant import DecodePlan, decode_attention, plan_decode, prefill_attention
 from kvquant import reference as ref
 from kvquant._batch import PagedBatch, make_paged_batch
 from kvquant._check import ATTENTION_TOLERANCE, BASELINE_TOLERANCE
@@ -23,6 +25,7 @@ __all__ = [
     "decode_out",
     "mixed_lens",
     "paged_batch",
+    "plan_for",
     "prefill_out",
     "reference_out",
     "rel_l2",
@@ -115,3 +118,20 @@ def assert_close(out: torch.Tensor, expected: torch.Tensor, tolerance: float) ->
 
 def mixed_lens(block_size: int, long: int) -> list[int]:
     return [1, block_size - 1, block_size + 1, long]
+
+
+def plan_for(batch: PagedBatch, max_seq_len: int, **kwargs: Any) -> DecodePlan:
+    """The decode plan of ``batch``'s geometry and size, for sequences up to ``max_seq_len``."""
+    query, cache = batch.query, batch.cache
+    return plan_decode(
+        num_seqs=query.shape[0],
+        max_seq_len=max_seq_len,
+        num_q_heads=query.shape[1],
+        num_kv_heads=cache.num_kv_heads,
+        head_size=cache.head_size,
+        block_size=cache.block_size,
+        model_dtype=query.dtype,
+        cache_dtype=cache.dtype,
+        device=query.device,
+        **kwargs,
+    )

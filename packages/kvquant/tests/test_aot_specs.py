@@ -21,7 +21,7 @@ from kvquant._cache import SUPPORTED_BLOCK_SIZES as BLOCKS
 from kvquant._cache import SUPPORTED_HEAD_SIZES as SIZES
 from kvquant.ops import KernelSpec, aot_specs
 from kvquant.ops._common import make_spec
-from kvquant.ops.prefill_attention import prefill_spec
+from kvquant.ops.prefill import prefill_spec
 
 DECODES = ("decode_attention", "decode_attention_one_split")
 WORKSPACE = ("prefill_bounds", "prefill_expand", "prefill_attention_expanded")
@@ -291,7 +291,7 @@ _COMPILE_FP16_PV = """
 import json, sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from kvquant.build._elf import verify_cubin
-from kvquant.ops.decode_attention import decode_spec
+from kvquant.ops.decode import decode_spec
 
 report = []
 for head_size, block_size, gqa, one_split in json.loads(sys.argv[1]):

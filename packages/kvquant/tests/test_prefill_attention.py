@@ -1,4 +1,4 @@
-"""Chunked prefill (`kvquant.ops.prefill_attention`) against ``kvquant.reference``: prefixes
+"""Chunked prefill (`kvquant.ops.prefill`) against ``kvquant.reference``: prefixes
 of whole and partial pages, every GQA ratio, window and softcap, NaN policy, launch configs and
 plans.
 """
@@ -13,12 +13,12 @@ import torch
 
 from kvquant import InvalidInputError, PrefillConfig, prefill_attention
 from kvquant._batch import PagedBatch
-from kvquant.ops._prefill_workspace import workspace_bytes
-from kvquant.ops.prefill_attention import (
+from kvquant.ops.prefill import (
     PrefillPlan,
     plan_prefill,
     prefill_config,
     prefill_spec,
+    workspace_page_bytes,
 )
 
 from attention_cases import (
@@ -127,10 +127,10 @@ def test_the_int8_prefill_reads_its_workspace_within_the_limit(
     assert planned.workspace is not None
     # Sequence 0: 3 pages of 64 keys, sequence 1 (no queries): none, sequence 2: 1.
     assert planned.workspace.cache.num_blocks == 4
-    assert planned.spec.name == "prefill_attention_expanded"
-    needed = workspace_bytes(4, batch.cache)
+    assert planned.step.spec.name == "prefill_attention_expanded"
+    needed = 4 * workspace_page_bytes(batch.cache.num_kv_heads, batch.cache.head_size)
     fused = _plan(batch, workspace_limit_bytes=needed - 1)
-    assert fused.workspace is None and fused.spec.name == "prefill_attention"
+    assert fused.workspace is None and fused.step.spec.name == "prefill_attention"
     assert _plan(batch, workspace_limit_bytes=needed).workspace is not None
     expected = reference_out(batch)
     via_workspace, direct = planned.run(), fused.run()

@@ -15,8 +15,10 @@ from ._errors import InvalidInputError, KernelUnavailableError, KVQuantError
 
 if TYPE_CHECKING:
     from ._cache import (
+        ACTIVATION_DTYPES,
         SUPPORTED_BLOCK_SIZES,
         SUPPORTED_HEAD_SIZES,
+        AttentionGeometry,
         PagedKVCache,
         allocate_cache,
         cache_from_pages,
@@ -27,14 +29,19 @@ if TYPE_CHECKING:
     from ._check import run_correctness
     from ._correctness import CorrectnessResult
     from ._output import output_problem
-    from .ops._common import ACTIVATION_DTYPES, interpreted
-    from .ops._decode_plan import DecodePlan, decode_attention, plan_decode
+    from .ops._common import interpreted
     from .ops.cache_write import cache_write
-    from .ops.decode_attention import DecodeConfig, decode_config
-    from .ops.prefill_attention import PrefillConfig, prefill_attention
+    from .ops.decode import DecodeConfig, DecodePlan, decode_attention, decode_config, plan_decode
+    from .ops.prefill import (
+        PrefillConfig,
+        PrefillScratch,
+        PrefillStepPlan,
+        plan_prefill_step,
+        prefill_attention,
+    )
 
 _LAZY_EXPORTS = {
-    "ACTIVATION_DTYPES": ".ops._common",
+    "ACTIVATION_DTYPES": "._cache",
     "interpreted": ".ops._common",
     "SUPPORTED_BLOCK_SIZES": "._cache",
     "SUPPORTED_HEAD_SIZES": "._cache",
@@ -45,13 +52,20 @@ _LAZY_EXPORTS = {
     "page_bytes": "._cache",
     "to_upstream_layout": "._cache",
     "cache_write": ".ops.cache_write",
-    "DecodeConfig": ".ops.decode_attention",
-    "DecodePlan": ".ops._decode_plan",
-    "decode_config": ".ops.decode_attention",
-    "decode_attention": ".ops._decode_plan",
-    "plan_decode": ".ops._decode_plan",
-    "PrefillConfig": ".ops.prefill_attention",
-    "prefill_attention": ".ops.prefill_attention",
+    "AttentionGeometry": "._cache",
+    "DecodeConfig": ".ops.decode",
+    "DecodePlan": ".ops.decode",
+    "decode_config": ".ops.decode",
+    "decode_attention": ".ops.decode",
+    "plan_decode": ".ops.decode",
+    "PrefillConfig": ".ops.prefill",
+    "PrefillScratch": ".ops.prefill",
+    "PrefillStepPlan": ".ops.prefill",
+    "prefill_attention": ".ops.prefill",
+    "plan_prefill_step": ".ops.prefill",
+    "WORKSPACE_LIMIT_BYTES": ".ops.prefill",
+    "engine_pages": ".ops.prefill",
+    "workspace_page_bytes": ".ops.prefill",
     "CorrectnessResult": "._correctness",
     "run_correctness": "._check",
     "output_problem": "._output",
@@ -61,6 +75,8 @@ __all__ = [
     "ACTIVATION_DTYPES",
     "SUPPORTED_BLOCK_SIZES",
     "SUPPORTED_HEAD_SIZES",
+    "WORKSPACE_LIMIT_BYTES",
+    "AttentionGeometry",
     "CorrectnessResult",
     "DecodeConfig",
     "DecodePlan",
@@ -69,19 +85,24 @@ __all__ = [
     "KernelUnavailableError",
     "PagedKVCache",
     "PrefillConfig",
+    "PrefillScratch",
+    "PrefillStepPlan",
     "allocate_cache",
     "cache_from_pages",
     "cache_write",
     "decode_attention",
     "decode_config",
+    "engine_pages",
     "from_upstream_layout",
     "interpreted",
     "output_problem",
     "page_bytes",
     "plan_decode",
+    "plan_prefill_step",
     "prefill_attention",
     "run_correctness",
     "to_upstream_layout",
+    "workspace_page_bytes",
 ]
 
 

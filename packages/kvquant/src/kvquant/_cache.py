@@ -16,7 +16,9 @@ that INT8 has to beat, so the two differ only in quantization.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -27,6 +29,8 @@ from ._errors import InvalidInputError
 SUPPORTED_HEAD_SIZES = (64, 80, 96, 128, 256)
 SUPPORTED_BLOCK_SIZES = (16, 32, 64)
 CACHE_DTYPES = (torch.int8, torch.float16, torch.bfloat16)
+# The model dtypes the kernels take (queries, keys and values, outputs).
+ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)
 # Upstream stores each scale as 4 fp32 bytes right after the codes it belongs to.
 _SCALE_BYTES = 4
 
@@ -78,6 +82,45 @@ class PagedKVCache:
     @property
     def device(self) -> torch.device:
         return self.pages.device
+
+    @functools.cached_property
+    def launch_pointers(self) -> tuple[int, int, int, int]:
+        """The addresses of K, V and their scales (a 16-bit cache's K in place of scales), as
+        the kernels' direct launches pass them; made once per cache."""
+        k_scale = self.k if self.k_scale is None else self.k_scale
+        v_scale = self.k if self.v_scale is None else self.v_scale
+        return (self.k.data_ptr(), self.v.data_ptr(), k_scale.data_ptr(), v_scale.data_ptr())
+
+    @functools.cached_property
+    def launch_strides(self) -> tuple[int, int, int, int, int, int]:
+        """The page and head strides of K, V and the scales, in that order."""
+        args = self.kernel_arguments
+        return tuple(  # type: ignore[return-value]
+            args[name]
+            for name in (
+                "stride_k_b", "stride_k_h", "stride_v_b", "stride_v_h", "stride_s_b", "stride_s_h"
+            )
+        )  # fmt: skip
+
+    @functools.cached_property
+    def kernel_arguments(self) -> dict[str, object]:
+        """The attention kernels' cache arguments by name: K, V, their scales (a 16-bit cache's
+        K, never read, in place of scales) and the page and head strides of each. Made once per
+        cache: an engine's layers pass them on every step."""
+        k_scale = self.k if self.k_scale is None else self.k_scale
+        v_scale = self.k if self.v_scale is None else self.v_scale
+        return {
+            "k_ptr": self.k,
+            "v_ptr": self.v,
+            "k_scale_ptr": k_scale,
+            "v_scale_ptr": v_scale,
+            "stride_k_b": self.k.stride(0),
+            "stride_k_h": self.k.stride(1),
+            "stride_v_b": self.v.stride(0),
+            "stride_v_h": self.v.stride(1),
+            "stride_s_b": k_scale.stride(0),
+            "stride_s_h": k_scale.stride(1),
+        }
 
 
 def page_bytes(num_kv_heads: int, block_size: int, head_size: int, dtype: torch.dtype) -> int:
@@ -219,3 +262,75 @@ def from_upstream_layout(records: torch.Tensor) -> PagedKVCache:
 def _scale_floats(raw: torch.Tensor) -> torch.Tensor:
     """int8 [n, b, h, 4] raw bytes -> fp32 [n, h, b]."""
     return raw.contiguous().view(torch.float32).squeeze(-1).permute(0, 2, 1)
+
+
+@dataclass(frozen=True)
+class AttentionGeometry:
+    """A model's attention over its paged cache, as the kernels compile and launch it.
+
+    The decode's and the prefill's specs depend on it through ``gqa`` only (one compiled kernel
+    serves every head count of one ratio); their launches and plans take the head counts too.
+    """
+
+    num_q_heads: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    model_dtype: torch.dtype
+    cache_dtype: torch.dtype
+
+    @property
+    def gqa(self) -> int:
+        """Query heads per kv head."""
+        return self.num_q_heads // self.num_kv_heads
+
+    @classmethod
+    def of(cls, query: torch.Tensor, cache: PagedKVCache) -> AttentionGeometry:
+        """The geometry of a launch over ``query`` ``[tokens, q heads, head]`` and ``cache``."""
+        return cls(
+            num_q_heads=query.shape[1],
+            num_kv_heads=cache.num_kv_heads,
+            head_size=cache.head_size,
+            block_size=cache.block_size,
+            model_dtype=query.dtype,
+            cache_dtype=cache.dtype,
+        )
+
+    def spec_arguments(self, target: str) -> dict[str, Any]:
+        """The keyword arguments of the spec functions (``decode_spec``, ``prefill_spec``,
+        ``aot_specs``) for a launch on ``target``."""
+        return {
+            "head_size": self.head_size,
+            "block_size": self.block_size,
+            "gqa": self.gqa,
+            "model_dtype": self.model_dtype,
+            "cache_dtype": self.cache_dtype,
+            "target": target,
+        }
+
+    def check(self) -> None:
+        """Raise a one-line InvalidInputError for a geometry the kernels do not serve."""
+        if self.num_kv_heads < 1:
+            raise InvalidInputError(f"`num_kv_heads` is {self.num_kv_heads}; expected >= 1")
+        if self.num_q_heads < 1 or self.num_q_heads % self.num_kv_heads:
+            raise InvalidInputError(
+                f"`num_q_heads` is {self.num_q_heads}; expected a multiple of num_kv_heads "
+                f"{self.num_kv_heads}"
+            )
+        if self.head_size not in SUPPORTED_HEAD_SIZES:
+            raise InvalidInputError(
+                f"`head_size` is {self.head_size}; expected one of {SUPPORTED_HEAD_SIZES}"
+            )
+        if self.block_size not in SUPPORTED_BLOCK_SIZES:
+            raise InvalidInputError(
+                f"`block_size` is {self.block_size}; expected one of {SUPPORTED_BLOCK_SIZES}"
+            )
+        if self.model_dtype not in ACTIVATION_DTYPES:
+            raise InvalidInputError(
+                f"`model_dtype` is {self.model_dtype}; expected one of {ACTIVATION_DTYPES}"
+            )
+        if self.cache_dtype not in (torch.int8, self.model_dtype):
+            raise InvalidInputError(
+                f"`cache_dtype` is {self.cache_dtype}; expected torch.int8 or the model dtype "
+                f"{self.model_dtype}"
+            )

@@ -19,9 +19,9 @@ from ._cache import allocate_cache, from_upstream_layout, to_upstream_layout
 from ._correctness import CaseResult, CorrectnessResult, EdgeResult
 from ._errors import InvalidInputError, KernelUnavailableError
 from .ops._common import interpreted
-from .ops._decode_plan import decode_attention
 from .ops.cache_write import cache_write
-from .ops.prefill_attention import prefill_attention
+from .ops.decode import decode_attention
+from .ops.prefill import prefill_attention
 
 # Kernel output against the fp32 reference on the same dequantized cache (DESIGN.md, "Correctness").
 ATTENTION_TOLERANCE = 2e-3

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvquant import AttentionGeometry, PrefillScratch
 from kvquant.vllm_plugin import UnsupportedConfigError
 from kvquant.vllm_plugin._kernels import (
     KERNELS_ENV,
@@ -21,6 +22,8 @@ from kvquant.vllm_plugin._kernels import (
     write_with_kernels,
 )
 from kvquant.vllm_plugin._serving import attend, cache_view, int8_content_bytes, write
+
+from conftest import require_cuda
 
 HEADS, KV_HEADS, HEAD, BLOCK = 8, 2, 64, 16
 BLOCKS_PER_SEQ = 5
@@ -98,12 +101,18 @@ def test_kernel_path_matches_reference_path_on_a_mixed_batch(
     num_tokens = int(query_start_loc[-1])
     query = torch.randn(num_tokens + 2, HEADS, HEAD, generator=gen).to(dtype)  # 2 padded rows
     scale = HEAD**-0.5
+    geometry = AttentionGeometry(HEADS, KV_HEADS, HEAD, BLOCK, dtype, torch.int8)
     batch = plan_kernel_batch(
+        geometry,
         query_start_loc,
-        query_start_loc.to(device),
+        seq_lens,
         seq_lens.int().to(device),
         block_table.to(device),
         max_seq_len=int(seq_lens.max()),
+        sliding_window=window,
+        prefill_scratch=PrefillScratch(
+            num_kv_heads=KV_HEADS, head_size=HEAD, capacity=16, device=device
+        ),
     )
     assert (batch.num_decodes, batch.num_tokens) == (decodes_first, num_tokens)
     rows = [slice(int(query_start_loc[i]), int(query_start_loc[i + 1])) for i in range(num_seqs)]
@@ -189,3 +198,146 @@ def test_kernels_refuse_an_fp32_model() -> None:
     with pytest.raises(UnsupportedConfigError) as error:
         check_kernel_dtype(torch.float32)
     assert "--dtype bfloat16" in _one_line_refusal(error)
+
+
+# A step of each kind (query lengths, sequence lengths): decodes only, prefills only (a chunk
+# after a prefix and whole prompts), decodes first then prefills, and not ordered.
+STEPS = {
+    "decodes": ([1, 1, 1, 1], [33, 70, 17, 80]),
+    "prefills": ([24, 9, 30], [40, 9, 75]),
+    "mixed": ([1, 1, 1, 24, 9], [33, 70, 17, 40, 9]),
+    "unordered": ([1, 24, 1, 1, 9], [33, 40, 70, 17, 9]),
+}
+
+
+def _engine_step(
+    query_lens: list[int],
+    context_lens: list[int],
+    layers: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    gen: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """(query_start_loc, seq_lens, block_table, each layer's engine tensor written up to every
+    sequence's end, query): one step of an engine with ``layers`` INT8 layers, on the host but
+    the engine tensors, which are on ``device``."""
+    num_seqs = len(query_lens)
+    num_blocks = num_seqs * BLOCKS_PER_SEQ + 3
+    block_table = torch.randperm(num_blocks, generator=gen)[: num_seqs * BLOCKS_PER_SEQ]
+    block_table = block_table.view(num_seqs, BLOCKS_PER_SEQ).int()
+    slots = torch.cat(
+        [_slots(block_table, i, torch.arange(n)) for i, n in enumerate(context_lens)]
+    ).to(device)
+    engines = []
+    for _ in range(layers):
+        engine = _engine_tensor(num_blocks, device)
+        key = (torch.randn(len(slots), KV_HEADS, HEAD, generator=gen) * 3).to(device, dtype)
+        value = torch.randn(len(slots), KV_HEADS, HEAD, generator=gen).to(device, dtype)
+        write_with_kernels(cache_view(engine, HEAD), key, value, slots)
+        engines.append(engine)
+    starts = torch.tensor([0, *query_lens]).cumsum(0).int()
+    query = torch.randn(int(starts[-1]), HEADS, HEAD, generator=gen).to(device, dtype)
+    return starts, torch.tensor(context_lens).int(), block_table, engines, query
+
+
+@pytest.mark.parametrize("kind", STEPS)
+@pytest.mark.parametrize("window", [None, 20])
+def test_one_plan_per_step_gives_the_per_layer_calls_bits(
+    kind: str, window: int | None, device: torch.device, gen: torch.Generator
+) -> None:
+    """Three layers of one step through one plan (`plan_kernel_batch`, then `attend_with_kernels`
+    per layer) give, bit for bit, what each layer's own checked calls give: `decode_attention`
+    for the leading decodes and `prefill_attention` for the rest, as the layers called them
+    before the step was planned once."""
+    from kvquant import decode_attention, prefill_attention
+
+    query_lens, context_lens = STEPS[kind]
+    dtype = torch.bfloat16
+    starts, seq_lens, table, engines, query = _engine_step(
+        query_lens, context_lens, 3, dtype, device, gen
+    )
+    max_seq_len = int(seq_lens.max())
+    batch = plan_kernel_batch(
+        AttentionGeometry(HEADS, KV_HEADS, HEAD, BLOCK, dtype, torch.int8),
+        starts,
+        seq_lens,
+        seq_lens.to(device),
+        table.to(device),
+        max_seq_len=max_seq_len,
+        sliding_window=window,
+        prefill_scratch=PrefillScratch(
+            num_kv_heads=KV_HEADS, head_size=HEAD, capacity=16, device=device
+        ),
+    )
+    decodes, tokens = batch.num_decodes, batch.num_tokens
+    scale = HEAD**-0.5
+    for engine in engines:
+        cache = cache_view(engine, HEAD)
+        stepped = torch.full(query.shape, torch.nan, dtype=dtype, device=device)
+        attend_with_kernels(query, cache, batch, scale, stepped, window)
+        called = torch.full_like(stepped, torch.nan)
+        if decodes:
+            decode_attention(
+                query[:decodes], cache, table[:decodes].to(device),
+                seq_lens[:decodes].to(device), scale, sliding_window=window,
+                out=called[:decodes], max_seq_len=max_seq_len,
+            )  # fmt: skip
+        if tokens > decodes:
+            prefill_attention(
+                query[decodes:tokens], cache, table[decodes:].to(device),
+                seq_lens[decodes:].to(device), (starts[decodes:] - decodes).to(device), scale,
+                sliding_window=window, out=called[decodes:tokens],
+            )  # fmt: skip
+        assert not stepped.isnan().any()
+        assert torch.equal(stepped, called)
+
+
+@pytest.mark.gpu
+@require_cuda()
+def test_a_mixed_step_waits_for_nothing_and_allocates_nothing_in_its_layers_gpu(
+    gen: torch.Generator,
+) -> None:
+    """The step's build (`plan_kernel_batch`, which the builder calls with the engine's host
+    copies) and then every layer's cache write and attention, under torch's sync debug mode set
+    to "error": no call that waits for the device. The layers allocate nothing
+    (`torch.cuda.memory_stats`, which sees what the sync mode does not). Then the step again,
+    eagerly checked against each layer's own calls."""
+    device = torch.device("cuda")
+    query_lens, context_lens = STEPS["mixed"]
+    dtype = torch.bfloat16
+    starts, seq_lens, table, engines, query = _engine_step(
+        query_lens, context_lens, 4, dtype, device, gen
+    )
+    slots = torch.cat(
+        [
+            _slots(table, i, torch.arange(n - q, n))
+            for i, (q, n) in enumerate(zip(query_lens, context_lens, strict=True))
+        ]
+    ).to(device)
+    new_keys = torch.randn(len(slots), KV_HEADS, HEAD, generator=gen).to(device, dtype)
+    device_lens, device_table = seq_lens.to(device), table.to(device)
+    scratch = PrefillScratch(num_kv_heads=KV_HEADS, head_size=HEAD, capacity=16, device=device)
+    out = torch.empty(query.shape, dtype=dtype, device=device)
+
+    def step() -> None:
+        batch = plan_kernel_batch(
+            AttentionGeometry(HEADS, KV_HEADS, HEAD, BLOCK, dtype, torch.int8),
+            starts, seq_lens, device_lens, device_table, max_seq_len=int(seq_lens.max()),
+            prefill_scratch=scratch,
+        )  # fmt: skip
+        before = torch.cuda.memory_stats()["allocation.all.allocated"]
+        for engine in engines:
+            cache = cache_view(engine, HEAD)
+            write_with_kernels(cache, new_keys, new_keys, slots)
+            attend_with_kernels(query, cache, batch, HEAD**-0.5, out)
+        assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+
+    step()  # compiles the kernels and makes the plans' launchers
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert not out.isnan().any()

@@ -190,7 +190,7 @@ def _decode(cell: KernelCell, setup: _Setup) -> _Call:
 def _prefill(cell: KernelCell, setup: _Setup) -> _Call:
     import torch
 
-    from kvquant.ops.prefill_attention import plan_prefill
+    from kvquant.ops.prefill import plan_prefill
 
     s = cell.shape
     seqs = setup.sequences

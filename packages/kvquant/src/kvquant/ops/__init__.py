@@ -1,4 +1,5 @@
-"""Triton kernels, one family per module: each holds its kernels and then their launchers.
+"""Triton kernels, one family per package or module: the decode (`decode`), the prefill
+(`prefill`) and the cache write (`cache_write`), each with its kernels, specs and launchers.
 
 ``aot_specs`` lists every kernel the package ships for one model configuration, as
 ``KernelSpec``s that say exactly what the launchers compile (for the ahead-of-time build).
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cache_write, decode_attention, prefill_attention
+from . import cache_write, decode, prefill
 from ._common import KernelSpec
 
 
@@ -27,7 +28,7 @@ def aot_specs(
         target: "cuda" or "hip".
     """
     specs: list[KernelSpec] = []
-    for module in (decode_attention, prefill_attention, cache_write):
+    for module in (decode, prefill, cache_write):
         specs += module.aot_specs(
             head_size=head_size,
             block_size=block_size,

@@ -13,8 +13,6 @@ import torch
 
 from .._errors import InvalidInputError, KernelUnavailableError
 
-ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)
-
 
 def interpreted() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 at import)."""
@@ -374,6 +372,105 @@ class CompiledLaunch:
         )
 
 
+class BoundLaunch:
+    """One launch of ``spec`` whose arguments are fixed once, but for ``varying`` ones given by
+    position on each call: the per-layer launches of a plan made once per engine step.
+
+    On a device whose launches go direct (`CompiledLaunch`) the fixed tensors become addresses
+    once, and a call only puts its own values in place; tensors among them pass as addresses.
+    A call whose addresses or aligned sizes are not multiples of 16 (or any call on a Triton that
+    launches through the JIT, or under the interpreter) goes through `launch` with tensors.
+    """
+
+    def __init__(
+        self,
+        spec: KernelSpec,
+        device: torch.device,
+        grid: tuple[int, ...],
+        fixed: dict[str, object],
+        varying: tuple[str, ...],
+    ) -> None:
+        params = spec.runtime_parameters
+        slots, checked, fixed_aligned = _bound_layout(spec, varying)
+        if len(fixed) + len(varying) != len(params) or set(varying) & set(fixed):
+            missing = sorted(set(params) - set(fixed) - set(varying))
+            raise TypeError(f"{spec.name}: arguments neither fixed nor varying: {missing}")
+        self.spec = spec
+        self.grid = grid
+        self._slots = slots
+        self._checked = checked
+        self._jit_args = [fixed.get(name) for name in params]
+        self._launcher = kernel_launcher(spec, device)
+        self._direct_args: list[object] | None = None
+        if self._launcher.takes_addresses:
+            direct = [
+                value.data_ptr() if isinstance(value, torch.Tensor) else value
+                for value in self._jit_args
+            ]
+            check = 0
+            for index in fixed_aligned:
+                check |= direct[index]  # type: ignore[operator]
+            if check & 15 == 0:
+                self._direct_args = direct
+
+    def direct(self, *values: int | float) -> bool:
+        """Launch with ``values`` given as addresses and numbers, if this launch goes direct and
+        they are aligned as its compiled variant assumes; False (nothing launched) otherwise."""
+        if self._direct_args is None:
+            return False
+        args = self._direct_args.copy()
+        check = 0
+        for slot, value, checked in zip(self._slots, values, self._checked, strict=True):
+            args[slot] = value
+            if checked:
+                check |= value  # type: ignore[operator]
+        if check & 15:
+            return False
+        self._launcher(self.grid, *args)
+        return True
+
+    def __call__(self, *values: object) -> None:
+        if self._direct_args is not None:
+            args = self._direct_args.copy()
+            check = 0
+            for slot, value, checked in zip(self._slots, values, self._checked, strict=True):
+                if isinstance(value, torch.Tensor):
+                    value = value.data_ptr()
+                args[slot] = value
+                if checked:
+                    check |= value  # type: ignore[operator]
+            if check & 15 == 0:
+                self._launcher(self.grid, *args)
+                return
+        args = self._jit_args.copy()
+        for slot, value in zip(self._slots, values, strict=True):
+            args[slot] = value
+        launch(self.spec, self.grid, tuple(args))
+
+
+_bound_layouts: dict[tuple[int, tuple[str, ...]], tuple[KernelSpec, tuple[Any, ...]]] = {}
+
+
+def _bound_layout(
+    spec: KernelSpec, varying: tuple[str, ...]
+) -> tuple[tuple[int, ...], tuple[bool, ...], tuple[int, ...]]:
+    """Where ``varying`` go among ``spec``'s runtime parameters, which of them a direct launch
+    checks against its 16-byte assumption, and which fixed ones it checks once (made once per
+    spec and varying names: plans make their launches every engine step)."""
+    entry = _bound_layouts.get((id(spec), varying))
+    if entry is None or entry[0] is not spec:
+        params = spec.runtime_parameters
+        checked = {name for name in params if name in spec.aligned}
+        checked |= {name for name in params if spec.signature[name].startswith("*")}
+        layout = (
+            tuple(params.index(name) for name in varying),
+            tuple(name in checked for name in varying),
+            tuple(i for i, name in enumerate(params) if name in checked and name not in varying),
+        )
+        entry = _bound_layouts[id(spec), varying] = (spec, layout)
+    return entry[1]
+
+
 def _no_hooks(hook: object) -> bool:
     """An unset launch hook, or an empty chain of them (Triton's default)."""
     return hook is None or getattr(hook, "calls", None) == []
@@ -410,6 +507,7 @@ def clear_launch_caches() -> None:
     """Forget compiled kernels and launchers (after a sweep changed the launch constants)."""
     _compiled_kernels.clear()
     _launchers.clear()
+    _bound_layouts.clear()
 
 
 def resident_programs(spec: KernelSpec, device: torch.device) -> int:

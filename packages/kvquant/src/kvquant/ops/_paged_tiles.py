@@ -1,8 +1,8 @@
 """What the paged attention kernels share: the KV tile loader and the softmax's device steps, the
 16-bit <-> bits conversions of the INT8 kernels' operands, rows' magnitudes (the cache write's
 quantizer uses them too), and the launchers' input checks and spec pieces. The decode
-(`decode_attention`) and the prefill (`prefill_attention`) are built from these; neither reaches
-into the other.
+(`decode`) and the prefill (`prefill`) are built from these, and both are keyed by one
+`AttentionGeometry`; neither reaches into the other.
 """
 
 # mypy: disable-error-code="no-untyped-def"
@@ -16,9 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cache import PagedKVCache
+from .._cache import ACTIVATION_DTYPES, PagedKVCache
 from .._errors import InvalidInputError
-from ._common import ACTIVATION_DTYPES, check_tensor, next_power_of_2, pointer, runtime_parameters
+from ._common import check_tensor, next_power_of_2, pointer, runtime_parameters
 
 # Scores are kept in log2 units so the softmax can use exp2.
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
@@ -378,7 +378,7 @@ def attention_types(
     expanded: bool = False,
 ) -> dict[str, str]:
     """Triton types of an attention kernel's runtime parameters, by name. ``expanded``: an INT8
-    cache read from its fp16 workspace (`_prefill_workspace`), whose scale pointers are the
+    cache read from its fp16 workspace (`prefill.workspace`), whose scale pointers are the
     workspace's bounds."""
     quantized = cache_dtype == torch.int8
     values = torch.float16 if expanded else cache_dtype
@@ -452,21 +452,8 @@ def scale_tensors(cache: PagedKVCache) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def cache_arguments(cache: PagedKVCache) -> dict[str, object]:
-    """The attention kernels' cache arguments by name: K, V, their scales (see `scale_tensors`)
-    and the page and head strides of each."""
-    k_scale, v_scale = scale_tensors(cache)
-    return {
-        "k_ptr": cache.k,
-        "v_ptr": cache.v,
-        "k_scale_ptr": k_scale,
-        "v_scale_ptr": v_scale,
-        "stride_k_b": cache.k.stride(0),
-        "stride_k_h": cache.k.stride(1),
-        "stride_v_b": cache.v.stride(0),
-        "stride_v_h": cache.v.stride(1),
-        "stride_s_b": k_scale.stride(0),
-        "stride_s_h": k_scale.stride(1),
-    }
+    """The attention kernels' cache arguments by name (`PagedKVCache.kernel_arguments`)."""
+    return cache.kernel_arguments
 
 
 def kernel_operand(tensor: torch.Tensor, cache: PagedKVCache) -> torch.Tensor:

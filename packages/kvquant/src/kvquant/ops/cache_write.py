@@ -14,12 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cache import PagedKVCache
+from .._cache import ACTIVATION_DTYPES, PagedKVCache
 from .._errors import InvalidInputError
 from ._common import (
-    ACTIVATION_DTYPES,
     KernelSpec,
-    aligned,
     check_runnable,
     check_target,
     check_tensor,
@@ -219,6 +217,7 @@ def cache_write(
     slot_mapping: torch.Tensor,
     *,
     validate: bool = True,
+    checked: bool = True,
 ) -> None:
     """Quantize (INT8 cache) or copy (16-bit cache) new tokens into ``cache`` in place.
 
@@ -228,44 +227,26 @@ def cache_write(
             for a padding token that is skipped.
         validate: check slot_mapping's range on the device first (one host sync). Turn off only
             for inputs already known good, e.g. inside a CUDA graph.
+        checked: False also skips the checks of shapes, dtypes and devices, for a caller whose
+            tensors are right by construction (an engine's layers).
 
     Without validation the write reads no tensor on the host and, given an int64 slot mapping,
     allocates nothing: a CUDA/HIP graph can capture it and be replayed with new contents of
     key, value and slot_mapping.
     """
-    device = cache.device
-    num_tokens = key.shape[0] if isinstance(key, torch.Tensor) and key.dim() > 0 else 0
-    shape = (num_tokens, cache.num_kv_heads, cache.head_size)
-    check_tensor("key", key, dtypes=ACTIVATION_DTYPES, shape=shape, device=device)
-    check_tensor("value", value, dtypes=ACTIVATION_DTYPES, shape=shape, device=device)
-    check_tensor(
-        "slot_mapping",
-        slot_mapping,
-        dtypes=(torch.int32, torch.int64),
-        shape=(num_tokens,),
-        device=device,
-    )
-    if value.dtype != key.dtype:
-        raise InvalidInputError(f"`value` has dtype {value.dtype}; expected key's {key.dtype}")
-    if not cache.is_quantized and (key.dtype != cache.dtype or value.dtype != cache.dtype):
-        raise InvalidInputError(
-            f"`key`/`value` have dtype {key.dtype}/{value.dtype}; a 16-bit cache of "
-            f"{cache.dtype} takes the same dtype"
-        )
-    if key.stride(-1) != 1 or value.stride(-1) != 1:
-        raise InvalidInputError("`key`/`value` must have a contiguous last (head) dimension")
-    num_slots = cache.num_blocks * cache.block_size
-    if validate and num_tokens > 0 and int(slot_mapping.max()) >= num_slots:
-        raise InvalidInputError(
-            f"`slot_mapping` holds {int(slot_mapping.max())}; expected < num_blocks * block_size "
-            f"= {num_slots}"
-        )
+    if checked:
+        _check_write(cache, key, value, slot_mapping)
+    num_tokens = key.shape[0]
+    if validate and num_tokens > 0:
+        num_slots = cache.num_blocks * cache.block_size
+        if int(slot_mapping.max()) >= num_slots:
+            raise InvalidInputError(
+                f"`slot_mapping` holds {int(slot_mapping.max())}; expected < num_blocks * "
+                f"block_size = {num_slots}"
+            )
     check_runnable("key", key)
     if num_tokens == 0:
         return
-    # A 16-bit cache has no scales; the kernel never touches these pointers then.
-    k_scale = cache.k_scale if cache.k_scale is not None else cache.k
-    v_scale = cache.v_scale if cache.v_scale is not None else cache.v
     spec = cache_write_spec(
         head_size=cache.head_size,
         model_dtype=key.dtype,
@@ -274,37 +255,26 @@ def cache_write(
     if slot_mapping.dtype != torch.int64:  # the kernel's signature; int64 needs no copy
         slot_mapping = slot_mapping.to(torch.int64)
     grid = (-(-num_tokens // _BLOCK_TOKENS), cache.num_kv_heads)
-    launcher = kernel_launcher(spec, device)
+    launcher = kernel_launcher(spec, key.device)
     if launcher.takes_addresses:
         # The compiled kernel's own launcher takes the arguments the JIT path below names, by
         # position: binding them by name on each call would cost the host about 2 us.
-        # tests/test_decode_attention.py checks that the two paths pass the same.
+        # tests/test_decode_plan.py checks that the two paths pass the same.
         sizes = (num_tokens, cache.head_size, cache.block_size, page_shift(cache.block_size))
-        strides = (
-            *key.stride()[:2],
-            *value.stride()[:2],
-            *cache.k.stride()[:2],
-            *cache.v.stride()[:2],
-            *k_scale.stride()[:2],
-        )
-        pointers = (
-            key.data_ptr(),
-            value.data_ptr(),
-            slot_mapping.data_ptr(),
-            cache.k.data_ptr(),
-            cache.v.data_ptr(),
-            k_scale.data_ptr(),
-            v_scale.data_ptr(),
-        )
-        addresses = sizes_or = 0
+        strides = (*key.stride()[:2], *value.stride()[:2], *cache.launch_strides)
+        key_ptr, value_ptr, slots_ptr = key.data_ptr(), value.data_ptr(), slot_mapping.data_ptr()
+        pointers = cache.launch_pointers
+        addresses = key_ptr | value_ptr | slots_ptr
         for address in pointers:
             addresses |= address
         for size in strides:
-            sizes_or |= size
-        if aligned(addresses, sizes_or):
-            launcher(grid, *pointers, *sizes, *strides)
+            addresses |= size
+        if addresses & 15 == 0:
+            launcher(grid, key_ptr, value_ptr, slots_ptr, *pointers, *sizes, *strides)
             return
     # Triton's JIT: under the interpreter, or strides the compiled variant does not assume.
+    k_scale = cache.k_scale if cache.k_scale is not None else cache.k
+    v_scale = cache.v_scale if cache.v_scale is not None else cache.k
     arguments = spec.arguments(
         key_ptr=key,
         value_ptr=value,
@@ -329,3 +299,30 @@ def cache_write(
         stride_scale_h=k_scale.stride(1),
     )
     launch(spec, grid, arguments)
+
+
+def _check_write(
+    cache: PagedKVCache, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """`cache_write`'s checks of shapes, dtypes and devices, each a one-line error."""
+    device = cache.device
+    num_tokens = key.shape[0] if isinstance(key, torch.Tensor) and key.dim() > 0 else 0
+    shape = (num_tokens, cache.num_kv_heads, cache.head_size)
+    check_tensor("key", key, dtypes=ACTIVATION_DTYPES, shape=shape, device=device)
+    check_tensor("value", value, dtypes=ACTIVATION_DTYPES, shape=shape, device=device)
+    check_tensor(
+        "slot_mapping",
+        slot_mapping,
+        dtypes=(torch.int32, torch.int64),
+        shape=(num_tokens,),
+        device=device,
+    )
+    if value.dtype != key.dtype:
+        raise InvalidInputError(f"`value` has dtype {value.dtype}; expected key's {key.dtype}")
+    if not cache.is_quantized and (key.dtype != cache.dtype or value.dtype != cache.dtype):
+        raise InvalidInputError(
+            f"`key`/`value` have dtype {key.dtype}/{value.dtype}; a 16-bit cache of "
+            f"{cache.dtype} takes the same dtype"
+        )
+    if key.stride(-1) != 1 or value.stride(-1) != 1:
+        raise InvalidInputError("`key`/`value` must have a contiguous last (head) dimension")

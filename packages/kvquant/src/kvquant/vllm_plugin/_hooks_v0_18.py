@@ -63,7 +63,7 @@ def check() -> None:
     try:
         import pydantic.dataclasses
         from vllm.config import cache as cache_module
-        from vllm.config import get_current_vllm_config
+        from vllm.config import get_current_vllm_config, get_current_vllm_config_or_none
         from vllm.model_executor.layers.attention.attention import Attention
         from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
         from vllm.v1.attention import backend as backend_api
@@ -75,7 +75,7 @@ def check() -> None:
         missing = ""
     # Refused outside the except block: the stored refusal must not carry the ImportError along.
     _expect(not missing, f"a module the plugin uses is missing ({missing})")
-    del get_current_vllm_config  # imported only to prove it exists
+    del get_current_vllm_config, get_current_vllm_config_or_none  # imported to prove they exist
     _expect(
         hasattr(pydantic.dataclasses, "rebuild_dataclass"),
         "its pydantic has no dataclasses.rebuild_dataclass",

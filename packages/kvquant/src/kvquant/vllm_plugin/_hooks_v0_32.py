@@ -48,7 +48,7 @@ def check() -> None:
     import dataclasses
 
     try:
-        from vllm.config import get_current_vllm_config
+        from vllm.config import get_current_vllm_config, get_current_vllm_config_or_none
         from vllm.config.cache import CacheDType
         from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
         from vllm.v1.attention import backend as backend_api
@@ -60,7 +60,7 @@ def check() -> None:
         missing = ""
     # Refused outside the except block: the stored refusal must not carry the ImportError along.
     _expect(not missing, f"a module the plugin uses is missing ({missing})")
-    del get_current_vllm_config  # imported only to prove it exists
+    del get_current_vllm_config, get_current_vllm_config_or_none  # imported to prove they exist
 
     _expect(
         INT8_KV_CACHE_DTYPE in typing.get_args(CacheDType),

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import PagedKVCache
+from .. import AttentionGeometry, PagedKVCache
 from ._errors import UnsupportedConfigError
 from ._kernels import (
     DecodeScratch,
     KernelBatch,
     Numerics,
     attend_with_kernels,
+    engine_workspace,
     numerics_for,
     plan_kernel_batch,
     write_with_kernels,
@@ -38,6 +39,9 @@ from ._serving import (
     check_block_size,
     write,
 )
+
+if TYPE_CHECKING:
+    from .. import PrefillScratch
 
 # What Int8Layer and build_metadata take from vLLM, the same in every supported version: vLLM
 # passes the impl's constructor arguments by position, in this order.
@@ -70,7 +74,7 @@ _CAPTURE_BUILD_PARAMETERS = ["common_attn_metadata"]
 _CONFIG_FIELDS = {
     "ModelConfig": ("max_model_len", "dtype"),
     "CompilationConfig": ("cudagraph_capture_sizes",),
-    "SchedulerConfig": ("max_num_seqs",),
+    "SchedulerConfig": ("max_num_seqs", "max_num_batched_tokens"),
 }
 _COMMON_METADATA_FIELDS = (
     "query_start_loc",
@@ -83,6 +87,10 @@ _COMMON_METADATA_FIELDS = (
     "slot_mapping",
     "causal",
 )
+# Where each supported vLLM keeps its host copy of the batch's sequence lengths, which the kernel
+# path lays a step's prefill out from (0.32: exact for every request but speculative decodes;
+# 0.18.1: the runner's copy behind the seq_lens_cpu property, which would sync when unset).
+HOST_SEQ_LENS_FIELDS = ("seq_lens_cpu_upper_bound", "_seq_lens_cpu")
 
 
 def check_layer_api(expect: Expect) -> None:
@@ -112,6 +120,10 @@ def check_layer_api(expect: Expect) -> None:
     expect(
         set(_COMMON_METADATA_FIELDS) <= common_fields,
         f"CommonAttentionMetadata lacks one of {_COMMON_METADATA_FIELDS}",
+    )
+    expect(
+        bool(set(HOST_SEQ_LENS_FIELDS) & common_fields),
+        f"CommonAttentionMetadata has none of {HOST_SEQ_LENS_FIELDS}",
     )
     # CUDA graphs: the GPU builders declare uniform single-token decode batches capturable and
     # build the capture's metadata for the model's longest context.
@@ -144,8 +156,9 @@ def check_layer_api(expect: Expect) -> None:
 
 # The AttentionCGSupport level the GPU builders declare: the strongest that holds. Steps of
 # single-token decodes are one plan launch, no host read, no allocation. UNIFORM_BATCH (equal
-# query lengths above 1, speculative decoding) and ALWAYS (mixed batches) would capture
-# prefill_attention, which reads its cu_seqlens on the host.
+# query lengths above 1, speculative decoding) and ALWAYS (mixed batches) would capture a
+# prefill whose launch grids (query tiles, workspace pages) come from the step's lengths on the
+# host: a graph replayed with other lengths would launch the captured step's grids.
 GRAPH_SUPPORT = "UNIFORM_SINGLE_TOKEN_DECODE"
 
 
@@ -160,9 +173,20 @@ class Int8Metadata:
     kernel_batch: KernelBatch | None  # None: the fp32 torch reference serves this batch
 
 
-def build_metadata(
-    common: Any, numerics: Numerics, decode_scratch: DecodeScratch | None = None
-) -> Int8Metadata:
+def host_seq_lens(common: Any) -> torch.Tensor:
+    """The batch's sequence lengths on the host: the engine's own copy (`HOST_SEQ_LENS_FIELDS`),
+    else a copy made here, which waits for the device once per step."""
+    num_reqs = common.num_reqs
+    for name in HOST_SEQ_LENS_FIELDS:
+        lengths = getattr(common, name, None)
+        if lengths is not None:
+            host: torch.Tensor = torch.as_tensor(lengths)[:num_reqs]
+            return host
+    copied: torch.Tensor = common.seq_lens[:num_reqs].cpu()
+    return copied
+
+
+def build_metadata(common: Any, builder: Int8Builder) -> Int8Metadata:
     """The batch of vLLM's ``CommonAttentionMetadata`` (the fields both versions share)."""
     if common.causal is not True:
         raise UnsupportedConfigError(
@@ -173,14 +197,17 @@ def build_metadata(
     seq_lens = common.seq_lens[:num_reqs]
     block_table = common.block_table_tensor[:num_reqs]
     kernel_batch = None
-    if numerics == "triton":
+    if builder.numerics == "triton":
         kernel_batch = plan_kernel_batch(
+            builder.geometry,
             common.query_start_loc_cpu[: num_reqs + 1],
-            common.query_start_loc[: num_reqs + 1],
+            host_seq_lens(common),
             seq_lens,
             block_table,
             common.max_seq_len,
-            decode_scratch,
+            sliding_window=builder.sliding_window,
+            decode_scratch=builder.decode_scratch,
+            prefill_scratch=builder.prefill_scratch,
         )
     return Int8Metadata(
         num_actual_tokens=common.num_actual_tokens,
@@ -189,6 +216,31 @@ def build_metadata(
         block_table=block_table,
         kernel_batch=kernel_batch,
     )
+
+
+def engine_limits(vllm_config: Any) -> dict[str, int]:
+    """What sizes an engine's prefill workspace (`_kernels.engine_workspace`): its longest
+    context, and the most tokens and requests one step holds."""
+    return {
+        "max_seq_len": int(vllm_config.model_config.max_model_len),
+        "max_tokens": int(vllm_config.scheduler_config.max_num_batched_tokens),
+        "max_seqs": int(vllm_config.scheduler_config.max_num_seqs),
+    }
+
+
+def reserve_workspace(num_kv_heads: int, head_size: int) -> None:
+    """Make the engine's INT8 prefill workspace (`_kernels.engine_workspace`) while vLLM loads
+    the model onto a GPU, as the first INT8 layer is constructed: vLLM counts what loading
+    allocates before it sizes the KV cache, so the workspace comes out of the same budget.
+    Outside a model load on a GPU (no current config, a CPU engine) it is made by the builder."""
+    device = torch.get_default_device()
+    if device.type == "cpu":
+        return
+    from vllm.config import get_current_vllm_config_or_none
+
+    vllm_config = get_current_vllm_config_or_none()
+    if vllm_config is not None and numerics_for(device) == "triton":
+        engine_workspace(device, num_kv_heads, head_size, **engine_limits(vllm_config))
 
 
 # AttentionType.DECODER's value in every supported vLLM (AttentionType is a str enum).
@@ -209,7 +261,10 @@ class Int8Builder:
     # one decode launch (0.32's V2 runner orders batches that way by itself).
     reorder_batch_threshold: int | None = 1
     numerics: Numerics
+    geometry: AttentionGeometry
+    sliding_window: int | None
     decode_scratch: DecodeScratch | None
+    prefill_scratch: PrefillScratch | None
     max_model_len: int
 
     def _setup_builder(self, kv_cache_spec: Any, vllm_config: Any, device: torch.device) -> None:
@@ -218,11 +273,27 @@ class Int8Builder:
         self.numerics = numerics_for(device)
         model = vllm_config.model_config
         self.max_model_len = int(model.max_model_len)
-        self.decode_scratch = None
+        self.sliding_window = getattr(kv_cache_spec, "sliding_window", None)
+        self.geometry = AttentionGeometry(
+            num_q_heads=model.get_num_attention_heads(vllm_config.parallel_config),
+            num_kv_heads=kv_cache_spec.num_kv_heads,
+            head_size=kv_cache_spec.head_size,
+            block_size=kv_cache_spec.block_size,
+            model_dtype=model.dtype,
+            cache_dtype=torch.int8,
+        )
+        self.decode_scratch = self.prefill_scratch = None
         if self.numerics == "triton":
             self.decode_scratch = DecodeScratch(device)
             if device.type == "cuda":
                 self._reserve_decode_scratch(kv_cache_spec, vllm_config)
+            # Made while the model loaded (`Int8Layer`) on a GPU: the same one is found here.
+            self.prefill_scratch = engine_workspace(
+                device,
+                kv_cache_spec.num_kv_heads,
+                kv_cache_spec.head_size,
+                **engine_limits(vllm_config),
+            )
 
     def _reserve_decode_scratch(self, kv_cache_spec: Any, vllm_config: Any) -> None:
         """Scratch for the decode plans of every batch size vLLM may capture (uniform decode
@@ -230,32 +301,31 @@ class Int8Builder:
         from .. import plan_decode
 
         assert self.decode_scratch is not None
-        model = vllm_config.model_config
+        geometry = self.geometry
         sizes = vllm_config.compilation_config.cudagraph_capture_sizes or []
         max_seqs = vllm_config.scheduler_config.max_num_seqs
-        window = getattr(kv_cache_spec, "sliding_window", None)
         self.decode_scratch.reserve(
             plan_decode(
                 num_seqs=size,
                 max_seq_len=self.max_model_len,
-                num_q_heads=model.get_num_attention_heads(vllm_config.parallel_config),
-                num_kv_heads=kv_cache_spec.num_kv_heads,
-                head_size=kv_cache_spec.head_size,
-                block_size=kv_cache_spec.block_size,
-                model_dtype=model.dtype,
-                cache_dtype=torch.int8,
+                num_q_heads=geometry.num_q_heads,
+                num_kv_heads=geometry.num_kv_heads,
+                head_size=geometry.head_size,
+                block_size=geometry.block_size,
+                model_dtype=geometry.model_dtype,
+                cache_dtype=geometry.cache_dtype,
                 device=self.decode_scratch.device,
                 sliding_window=sliding_window,
             )
             for size in sizes
             if size <= max_seqs
-            for sliding_window in {None, window}
+            for sliding_window in {None, self.sliding_window}
         )
 
     def build(
         self, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False
     ) -> Int8Metadata:
-        return build_metadata(common_attn_metadata, self.numerics, self.decode_scratch)
+        return build_metadata(common_attn_metadata, self)
 
     def build_for_cudagraph_capture(self, common_attn_metadata: Any) -> Int8Metadata:
         """A capture's metadata, as vLLM's Triton backend builds it: the decode planned for the
@@ -321,6 +391,7 @@ class Int8Layer:
         self.write_numerics: Numerics | None = None
         # The layer's KV tensor is the same every step: its view is made once (`_cache_view`).
         self._cache_view: tuple[tuple[Any, ...], PagedKVCache] | None = None
+        reserve_workspace(self.num_kv_heads, head_size)
 
     def _view(self, kv_cache: torch.Tensor) -> PagedKVCache:
         """``cache_view`` of the layer's tensor, remade only when another tensor comes."""

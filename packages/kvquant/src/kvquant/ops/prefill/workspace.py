@@ -20,15 +20,14 @@ them through P x V).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .._cache import PagedKVCache, cache_from_pages, page_bytes
-from ._common import KernelSpec, launch, make_spec, page_shift, pointer, runtime_parameters
-from ._paged_tiles import FREE_STRIDES, load_tile, shared_constexprs
+from ..._cache import PagedKVCache, cache_from_pages, page_bytes
+from .._common import BoundLaunch, KernelSpec, make_spec, page_shift, pointer, runtime_parameters
+from .._paged_tiles import FREE_STRIDES, load_tile, shared_constexprs
 
 # Keys per workspace page: one 64-key tile of the 16-bit prefill on CUDA, two on HIP.
 WORKSPACE_BLOCK = 64
@@ -173,103 +172,104 @@ def expand_spec(*, head_size: int, block_size: int, target: str, find_bounds: bo
     )
 
 
-def workspace_bytes(pages: int, cache: PagedKVCache) -> int:
-    """Bytes of a workspace of ``pages`` pages for ``cache``'s heads."""
-    return pages * page_bytes(cache.num_kv_heads, WORKSPACE_BLOCK, cache.head_size, torch.float16)
+def workspace_page_bytes(num_kv_heads: int, head_size: int) -> int:
+    """Bytes of one workspace page (K and V of WORKSPACE_BLOCK keys, fp16) for these heads."""
+    return page_bytes(num_kv_heads, WORKSPACE_BLOCK, head_size, torch.float16)
 
 
-@dataclass(frozen=True)
-class PrefillWorkspace:
-    """The 16-bit pages one prefill reads, and the launches that fill them from an INT8 cache.
+def engine_pages(*, max_tokens: int, max_seqs: int, max_seq_len: int) -> int:
+    """Workspace pages an engine's prefill steps need with every prefix within one longest
+    context: the keys of one sequence of ``max_seq_len`` plus a step's ``max_tokens`` new
+    tokens, and a partial page at each end of every sequence a step can hold."""
+    sequences = min(max_seqs, max_tokens)
+    return -(-max_seq_len // WORKSPACE_BLOCK) + -(-max_tokens // WORKSPACE_BLOCK) + 2 * sequences
 
-    Attributes:
-        cache: fp16 pages of WORKSPACE_BLOCK keys, a `PagedKVCache` the 16-bit prefill reads.
-        block_table: ``[num_seqs, max_pages]`` int32, the workspace pages of each sequence
-            (entries for keys no query sees are 0).
-        bounds: ``[2, num_kv_heads]`` int32 (rows padded to 4), the fp32 bits of each head's
-            largest finite K and V scale, zeroed and found again on every `fill`.
+
+class PrefillScratch:
+    """The device memory an INT8 cache's prefills expand into, allocated once: ``capacity``
+    fp16 pages of WORKSPACE_BLOCK keys and the per-head scale bounds.
+
+    One scratch serves any number of layers and calls in stream order (each prefill fills it
+    before reading it), as one engine's layers run; a prefill whose keys need more pages than
+    ``capacity`` reads the INT8 pages itself (fused) instead.
     """
 
-    cache: PagedKVCache
-    block_table: torch.Tensor
-    bounds: torch.Tensor
-    launches: tuple[tuple[KernelSpec, tuple[int, int], tuple[object, ...]], ...]
+    def __init__(
+        self, *, num_kv_heads: int, head_size: int, capacity: int, device: torch.device | str
+    ) -> None:
+        device = torch.device(device)
+        self.capacity = capacity
+        elems = workspace_page_bytes(num_kv_heads, head_size) // 2
+        pages = torch.empty(max(capacity, 1), elems, dtype=torch.float16, device=device)
+        self.cache = cache_from_pages(pages, num_kv_heads, WORKSPACE_BLOCK, head_size)
+        # The fp32 bits of each head's largest finite K and V scale, found again on every fill;
+        # rows 16-byte aligned, as the kernels' pointers are compiled (`KernelSpec.aligned`).
+        self.bounds = torch.zeros(2, -(-num_kv_heads // 4) * 4, dtype=torch.int32, device=device)
 
-    def fill(self) -> None:
-        """Expand the INT8 pages into the workspace (reads no tensor on the host)."""
-        self.bounds.zero_()
-        for spec, grid, args in self.launches:
-            launch(spec, grid, args)
+    @property
+    def nbytes(self) -> int:
+        """Device bytes held: the pages and the bounds."""
+        return self.cache.k.untyped_storage().nbytes() + self.bounds.nbytes
+
+    def fits(self, cache: PagedKVCache) -> bool:
+        """Whether this scratch's pages have ``cache``'s kv heads and head size."""
+        return (self.cache.num_kv_heads, self.cache.head_size) == (
+            cache.num_kv_heads,
+            cache.head_size,
+        )
 
 
-def plan_workspace(
-    cache: PagedKVCache,
+def expand_launches(
+    scratch: PrefillScratch,
+    cache_geometry: tuple[int, int],
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
-    first_keys: list[int],
-    key_counts: list[int],
+    page_seq: torch.Tensor,
+    page_tile: torch.Tensor,
     target: str,
-    limit_bytes: int,
-) -> PrefillWorkspace | None:
-    """The workspace for keys ``[first_keys[i], key_counts[i])`` of each sequence i (none where
-    they are empty), or None if it would take more than ``limit_bytes``."""
-    tables = []
-    page_seq: list[int] = []
-    page_tile: list[int] = []
-    for seq, (first, count) in enumerate(zip(first_keys, key_counts, strict=True)):
-        tiles = range(first // WORKSPACE_BLOCK if count else 0, -(-count // WORKSPACE_BLOCK))
-        first_page = len(page_seq)
-        tables.append([0] * tiles.start + list(range(first_page, first_page + len(tiles))))
-        page_seq += [seq] * len(tiles)
-        page_tile += list(tiles)
-    if workspace_bytes(len(page_seq), cache) > limit_bytes:
-        return None
-    device = cache.device
-    width = max(map(len, tables), default=0) or 1
-    table = torch.tensor(
-        [row + [0] * (width - len(row)) for row in tables], dtype=torch.int32, device=device
-    ).view(len(tables), width)
-    elems = page_bytes(cache.num_kv_heads, WORKSPACE_BLOCK, cache.head_size, torch.float16) // 2
-    pages = torch.empty(max(len(page_seq), 1), elems, dtype=torch.float16, device=device)
-    workspace = cache_from_pages(pages, cache.num_kv_heads, WORKSPACE_BLOCK, cache.head_size)
-    # Rows 16-byte aligned, as the kernels' pointers are compiled (`KernelSpec.aligned`).
-    bounds = torch.zeros(2, -(-cache.num_kv_heads // 4) * 4, dtype=torch.int32, device=device)
-    assert cache.k_scale is not None and cache.v_scale is not None
-    by_name = {
-        "k_bound_ptr": bounds[0],
-        "v_bound_ptr": bounds[1],
-        "ws_k_ptr": workspace.k,
-        "ws_v_ptr": workspace.v,
-        "k_ptr": cache.k,
-        "v_ptr": cache.v,
-        "k_scale_ptr": cache.k_scale,
-        "v_scale_ptr": cache.v_scale,
+    device: torch.device,
+) -> tuple[BoundLaunch, BoundLaunch]:
+    """The bounds pass and the expansion of ``page_seq.numel()`` workspace pages, fixed but for
+    the INT8 cache they read (`EXPAND_VARYING`, per layer); ``cache_geometry``: its block size
+    and head size."""
+    block_size, head_size = cache_geometry
+    fixed: dict[str, object] = {
+        "k_bound_ptr": scratch.bounds[0],
+        "v_bound_ptr": scratch.bounds[1],
+        "ws_k_ptr": scratch.cache.k,
+        "ws_v_ptr": scratch.cache.v,
         "block_table_ptr": block_table,
         "seq_lens_ptr": seq_lens,
-        "page_seq_ptr": torch.tensor(page_seq, dtype=torch.int32, device=device),
-        "page_tile_ptr": torch.tensor(page_tile, dtype=torch.int32, device=device),
-        "block_size": cache.block_size,
-        "block_shift": page_shift(cache.block_size),
-        "stride_k_b": cache.k.stride(0),
-        "stride_k_h": cache.k.stride(1),
-        "stride_v_b": cache.v.stride(0),
-        "stride_v_h": cache.v.stride(1),
-        "stride_s_b": cache.k_scale.stride(0),
-        "stride_s_h": cache.k_scale.stride(1),
-        "stride_wk_b": workspace.k.stride(0),
-        "stride_wk_h": workspace.k.stride(1),
-        "stride_wv_b": workspace.v.stride(0),
-        "stride_wv_h": workspace.v.stride(1),
+        "page_seq_ptr": page_seq,
+        "page_tile_ptr": page_tile,
+        "block_size": block_size,
+        "block_shift": page_shift(block_size),
+        "stride_wk_b": scratch.cache.k.stride(0),
+        "stride_wk_h": scratch.cache.k.stride(1),
+        "stride_wv_b": scratch.cache.v.stride(0),
+        "stride_wv_h": scratch.cache.v.stride(1),
         "stride_bt": block_table.stride(0),
     }
-    grid = (len(page_seq), cache.num_kv_heads)
-    launches = []
-    for find_bounds in (True, False) if page_seq else ():
+    grid = (page_seq.numel(), scratch.cache.num_kv_heads)
+    bound_launches = []
+    for find_bounds in (True, False):
         spec = expand_spec(
-            head_size=cache.head_size,
-            block_size=cache.block_size,
-            target=target,
-            find_bounds=find_bounds,
+            head_size=head_size, block_size=block_size, target=target, find_bounds=find_bounds
         )
-        launches.append((spec, grid, spec.arguments(**by_name)))
-    return PrefillWorkspace(workspace, table, bounds, tuple(launches))
+        bound_launches.append(BoundLaunch(spec, device, grid, fixed, EXPAND_VARYING))
+    return bound_launches[0], bound_launches[1]
+
+
+# What a fill takes per layer: the INT8 cache's pages, scales and their strides.
+EXPAND_VARYING = (
+    "k_ptr",
+    "v_ptr",
+    "k_scale_ptr",
+    "v_scale_ptr",
+    "stride_k_b",
+    "stride_k_h",
+    "stride_v_b",
+    "stride_v_h",
+    "stride_s_b",
+    "stride_s_h",
+)

@@ -1,8 +1,8 @@
-"""The decode's split-KV policy (`kvquant.ops._splits`), on integers alone."""
+"""The decode's split-KV policy (`kvquant.ops.decode.splits`), on integers alone."""
 
 from __future__ import annotations
 
-from kvquant.ops._splits import choose_num_splits
+from kvquant.ops.decode.splits import choose_num_splits
 
 
 def test_split_choice_counts_the_one_split_variant_slots() -> None:

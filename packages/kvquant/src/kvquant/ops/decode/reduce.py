@@ -1,5 +1,5 @@
 """The split-KV reducer of the decode: a decode of more than one split writes each split's
-unnormalised partial result (`decode_attention`), and ``_reduce_splits_kernel`` combines them into
+unnormalised partial result (`kernels`), and ``_reduce_splits_kernel`` combines them into
 the output, one program per (sequence, query head); `reduce_spec` says what compiles.
 """
 
@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import KernelSpec, make_spec, next_power_of_2
-from ._paged_tiles import attention_types
+from .._common import KernelSpec, make_spec, next_power_of_2
+from .._paged_tiles import attention_types
 
 # Splits the reducer combines per step; the split count itself is a runtime argument.
 _SPLIT_TILE = 16

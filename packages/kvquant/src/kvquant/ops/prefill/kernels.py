@@ -16,7 +16,7 @@ compiled variant serves fp16 and bf16 models; P is rounded to fp16 (11 bits; the
 rounds it to the cache dtype).
 
 An INT8 cache is read that way (fused) only when its workspace would not fit: by default the
-launch first expands the pages its queries see into fp16 pages (`_prefill_workspace`), which the
+launch first expands the pages its queries see into fp16 pages (`workspace`), which the
 16-bit loop reads (EXPANDED), so each tile is widened and scaled once per call instead of once per
 block of query rows.
 """
@@ -27,56 +27,30 @@ block of query rows.
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from .._cache import PagedKVCache
-from .._errors import InvalidInputError
-from ._common import (
-    KernelSpec,
-    check_runnable,
-    check_target,
-    check_tensor,
-    launch,
-    make_spec,
-    next_power_of_2,
-    page_shift,
-    runtime_target,
-)
-from ._paged_tiles import (
+from ..._errors import InvalidInputError
+from .._common import KernelSpec, check_target, make_spec, next_power_of_2
+from .._paged_tiles import (
     FREE_STRIDES,
     LOG2E,
     apply_softcap,
     as_output,
     attention_types,
-    cache_arguments,
-    check_attention_inputs,
-    check_block_table,
     dot_16bit,
     float_from_bits,
-    index_tensor,
-    kernel_operand,
     load_tile,
-    query_is_bf16,
     row_magnitudes,
     running_v_weights,
     shared_constexprs,
     softmax_step,
     widen_codes,
 )
-from ._prefill_workspace import (
-    WORKSPACE_BLOCK,
-    WORKSPACE_LIMIT_BYTES,
-    PrefillWorkspace,
-    expand_spec,
-    plan_workspace,
-    workspace_units,
-)
+from .workspace import WORKSPACE_BLOCK, expand_spec, workspace_units
 
 
 @dataclass(frozen=True)
@@ -295,7 +269,7 @@ def _prefill_kernel(
     DOT_IN_FP32: tl.constexpr,
     V_PAGEWISE: tl.constexpr,
     WIDEN_PTX: tl.constexpr,  # CUDA: INT8 codes widen by PTX (`widen_codes`)
-    # An INT8 cache read from its fp16 workspace (`_prefill_workspace`): the 16-bit tiles
+    # An INT8 cache read from its fp16 workspace (`workspace`): the 16-bit tiles
     # (QUANTIZED is False), the INT8 kernel's query and output, the scale pointers at the
     # workspace's bounds, whose powers of two scale the scores and the output back.
     EXPANDED: tl.constexpr,
@@ -400,7 +374,7 @@ def prefill_spec(
 ) -> KernelSpec:
     """The prefill kernel the launcher compiles; out_dtype (fp32 for tests) defaults to model's;
     ``config`` to `prefill_config`'s choice. ``expanded``: an INT8 cache read from its fp16
-    workspace (`plan_workspace`), at the 16-bit prefill's launch shape."""
+    workspace (`workspace`), at the 16-bit prefill's launch shape."""
     quantized = cache_dtype == torch.int8 and not expanded
     config = config or prefill_config(head_size, target, quantized)
     # The workspace is a 16-bit cache of WORKSPACE_BLOCK-key pages.
@@ -458,190 +432,3 @@ def aot_specs(
         ]
         specs.append(prefill_spec(**geometry, expanded=True))
     return specs
-
-
-def _launch_geometry(query: torch.Tensor, cache: PagedKVCache) -> dict[str, Any]:
-    """The spec arguments of a launch: the same derivation as ``aot_specs``."""
-    return {
-        "head_size": cache.head_size,
-        "block_size": cache.block_size,
-        "gqa": query.shape[1] // cache.num_kv_heads,
-        "model_dtype": query.dtype,
-        "cache_dtype": cache.dtype,
-        "target": runtime_target(query.device),
-    }
-
-
-@dataclass(frozen=True)
-class PrefillPlan:
-    """One checked prefill launch: ``run()`` starts the kernels and does nothing on the host that
-    waits for the device, so it can be captured in a CUDA graph and replayed (over new contents
-    of the same tensors, with the same query lengths).
-
-    Attributes:
-        workspace: an INT8 cache's fp16 workspace, filled before the prefill reads it; None when
-            the prefill reads the cache itself (a 16-bit cache, or INT8 fused).
-    """
-
-    spec: KernelSpec
-    grid: tuple[int, int]
-    args: tuple[object, ...]  # `KernelSpec.arguments`: in the kernel's order
-    out: torch.Tensor
-    workspace: PrefillWorkspace | None = None
-
-    def run(self) -> torch.Tensor:
-        if self.grid[0]:
-            if self.workspace is not None:
-                self.workspace.fill()
-            launch(self.spec, self.grid, self.args)
-        return self.out
-
-
-def plan_prefill(
-    query: torch.Tensor,
-    cache: PagedKVCache,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    softmax_scale: float,
-    *,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    out: torch.Tensor | None = None,
-    config: PrefillConfig | None = None,
-    workspace_limit_bytes: int = WORKSPACE_LIMIT_BYTES,
-) -> PrefillPlan:
-    """Check a prefill's inputs (reading ``cu_seqlens_q`` and ``seq_lens`` on the host) and lay
-    out its launch; arguments as `prefill_attention`'s."""
-    check_attention_inputs(
-        query, cache, block_table, seq_lens, softmax_scale, sliding_window, softcap, out
-    )
-    num_seqs = seq_lens.shape[0]
-    check_tensor(
-        "cu_seqlens_q",
-        cu_seqlens_q,
-        dtypes=(torch.int32, torch.int64),
-        shape=(num_seqs + 1,),
-        device=cache.device,
-    )
-    starts = cu_seqlens_q.tolist()
-    q_lens = [end - begin for begin, end in itertools.pairwise(starts)]
-    if starts[0] != 0 or starts[-1] != query.shape[0] or min(q_lens, default=0) < 0:
-        raise InvalidInputError(
-            f"`cu_seqlens_q` is {starts}; expected non-decreasing from 0 to {query.shape[0]}"
-        )
-    check_block_table(cache, block_table, seq_lens)
-    lens = seq_lens.tolist()
-    short = [i for i in range(num_seqs) if lens[i] < q_lens[i]]
-    if short:
-        i = short[0]
-        raise InvalidInputError(
-            f"`seq_lens[{i}]` is {lens[i]}; expected >= its {q_lens[i]} query tokens"
-        )
-    check_runnable("query", query)
-    result = out if out is not None else torch.empty_like(query)
-    geometry = _launch_geometry(query, cache)
-    workspace = None
-    if cache.is_quantized:
-        # Each sequence's queries see keys [first, seq_len) (none without queries).
-        window = sliding_window or 0
-        seq_queries = list(zip(lens, q_lens, strict=True))
-        firsts = [max(n - q - window + 1, 0) if window else 0 for n, q in seq_queries]
-        workspace = plan_workspace(
-            cache,
-            block_table,
-            index_tensor(seq_lens),
-            firsts,
-            [n if q else 0 for n, q in seq_queries],
-            geometry["target"],
-            workspace_limit_bytes,
-        )
-    spec = prefill_spec(
-        **geometry, out_dtype=result.dtype, config=config, expanded=workspace is not None
-    )
-    block_q = int(spec.constexprs["ROWS"]) // geometry["gqa"]
-    tile_seq: list[int] = []
-    tile_start: list[int] = []
-    for i, q_len in enumerate(q_lens):
-        for start in range(0, q_len, block_q):
-            tile_seq.append(i)
-            tile_start.append(start)
-    kv_arguments = cache_arguments(cache)
-    pages, table = cache, block_table
-    if workspace is not None:
-        pages, table = workspace.cache, workspace.block_table
-        kv_arguments = cache_arguments(pages) | {
-            "k_scale_ptr": workspace.bounds[0],
-            "v_scale_ptr": workspace.bounds[1],
-        }
-    args = spec.arguments(
-        **kv_arguments,
-        out_ptr=kernel_operand(result, cache),
-        q_ptr=kernel_operand(query, cache),
-        block_table_ptr=table,
-        seq_lens_ptr=index_tensor(seq_lens),
-        cu_seqlens_q_ptr=index_tensor(cu_seqlens_q),
-        tile_seq_ptr=torch.tensor(tile_seq, dtype=torch.int32, device=cache.device),
-        tile_start_ptr=torch.tensor(tile_start, dtype=torch.int32, device=cache.device),
-        softmax_scale=softmax_scale,
-        softcap=softcap or 0.0,
-        sliding_window=sliding_window or 0,
-        group=geometry["gqa"],
-        block_q=block_q,
-        query_bf16=query_is_bf16(query),
-        block_size=pages.block_size,
-        block_shift=page_shift(pages.block_size),
-        stride_q_t=query.stride(0),
-        stride_q_h=query.stride(1),
-        stride_o_t=result.stride(0),
-        stride_o_h=result.stride(1),
-        stride_bt=table.stride(0),
-    )
-    return PrefillPlan(spec, (len(tile_seq), cache.num_kv_heads), args, result, workspace)
-
-
-def prefill_attention(
-    query: torch.Tensor,
-    cache: PagedKVCache,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    softmax_scale: float,
-    *,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    out: torch.Tensor | None = None,
-    config: PrefillConfig | None = None,
-    workspace_limit_bytes: int = WORKSPACE_LIMIT_BYTES,
-) -> torch.Tensor:
-    """Causal varlen (chunked) prefill over the paged cache; the new tokens must be written first.
-
-    Sequence i's queries are rows ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]`` of ``query``, its newest
-    ``q_len_i`` tokens; each attends the cached prefix and the new tokens up to itself.
-
-    Args:
-        query: ``[total_q, num_q_heads, head_size]`` fp16/bf16.
-        seq_lens: ``[num_seqs]`` keys per sequence (prefix plus new tokens), ``>= q_len_i``.
-        cu_seqlens_q: int32/int64 ``[num_seqs + 1]``, starts at 0, non-decreasing.
-        config: the launch shape (benchmarks sweep it); None: `prefill_config`'s.
-        workspace_limit_bytes: INT8 cache: the largest fp16 workspace the prefill may allocate
-            (`_prefill_workspace`); past it, or at 0, the prefill reads the INT8 pages itself
-            (fused).
-
-    Returns:
-        ``out`` (allocated if None), ``[total_q, num_q_heads, head_size]`` in query's dtype.
-    """
-    plan = plan_prefill(
-        query,
-        cache,
-        block_table,
-        seq_lens,
-        cu_seqlens_q,
-        softmax_scale,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        out=out,
-        config=config,
-        workspace_limit_bytes=workspace_limit_bytes,
-    )
-    return plan.run()

@@ -1,10 +1,7 @@
 """The decode's launches: `DecodePlan`, one launch fixed per batch size, longest context and
 geometry (split count, grids, compiled kernels, scratch layout), which `plan_decode` makes and
-caches; and `decode_attention`, one call through the plan of its shapes.
-
-The plans compile the specs of the kernels' modules (`decode_attention`, `_reduce_splits`), so
-they sit above them; the one-call API sits here, not beside the kernels, because it launches
-through a plan.
+caches. The plans compile the specs of `kernels` and `reduce`, so they sit above them; the
+one-call API (`attention`) launches through a plan.
 """
 
 from __future__ import annotations
@@ -16,15 +13,13 @@ from typing import Any
 import torch
 import triton
 
-from .._cache import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES, PagedKVCache
-from .._errors import InvalidInputError
-from ._common import (
-    ACTIVATION_DTYPES,
+from ..._cache import AttentionGeometry, PagedKVCache
+from ..._errors import InvalidInputError
+from .._common import (
     CompiledLaunch,
     JitLaunch,
     KernelSpec,
     aligned,
-    check_runnable,
     clear_launch_caches,
     kernel_launcher,
     launch,
@@ -32,17 +27,11 @@ from ._common import (
     resident_programs,
     runtime_target,
 )
-from ._paged_tiles import (
-    cache_arguments,
-    check_attention_inputs,
-    check_block_table,
-    index_tensor,
-    kernel_operand,
-    scale_tensors,
-)
-from ._reduce_splits import reduce_spec
-from ._splits import choose_num_splits
-from .decode_attention import DecodeConfig, decode_config, decode_spec
+from .._paged_tiles import cache_arguments, kernel_operand, scale_tensors
+from .config import DecodeConfig, decode_config
+from .kernels import decode_spec
+from .reduce import reduce_spec
+from .splits import choose_num_splits
 
 # Slots assumed under the interpreter (no device to ask); small, so CPU tests still split.
 _INTERPRETER_SLOTS = 64
@@ -97,12 +86,7 @@ class DecodePlan:
 
     num_seqs: int
     max_seq_len: int  # the longest sequence served: a multiple of the KV tile
-    num_q_heads: int
-    num_kv_heads: int
-    head_size: int
-    block_size: int
-    model_dtype: torch.dtype
-    cache_dtype: torch.dtype
+    geometry: AttentionGeometry
     out_dtype: torch.dtype
     device: torch.device
     sliding_window: int | None
@@ -121,6 +105,18 @@ class DecodePlan:
     _decode_scalars: tuple[int, ...] = field(repr=False)
     _stats_offset: int = field(repr=False)  # where the partial maxima and sums start in scratch
     _stats_padded: int = field(repr=False)
+
+    @property
+    def num_q_heads(self) -> int:
+        return self.geometry.num_q_heads
+
+    @property
+    def head_size(self) -> int:
+        return self.geometry.head_size
+
+    @property
+    def model_dtype(self) -> torch.dtype:
+        return self.geometry.model_dtype
 
     @property
     def fp16_pv(self) -> bool:
@@ -144,6 +140,7 @@ class DecodePlan:
         softcap: float | None = None,
         out: torch.Tensor | None = None,
         scratch: torch.Tensor | None = None,
+        checked: bool = True,
     ) -> torch.Tensor:
         """The decode of `decode_attention` with this plan's shapes, without validation.
 
@@ -155,34 +152,41 @@ class DecodePlan:
             out: ``[num_seqs, num_q_heads, head_size]`` in ``out_dtype``; allocated if None.
             scratch: fp32, at least ``scratch_elements`` values, for more than one split;
                 allocated if None. Its contents are overwritten.
+            checked: False skips the shape, dtype and device checks below, for a caller whose
+                tensors are this plan's by construction (an engine step's layers, planned
+                from the same batch).
 
         Raises:
             InvalidInputError: a tensor's shape, dtype or device is not the plan's.
         """
-        self._check_inputs(query, cache, block_table, seq_lens, softmax_scale, out, scratch)
+        if checked:
+            self._check_inputs(query, cache, block_table, seq_lens, softmax_scale, out, scratch)
         if out is None:
             out = torch.empty(query.shape, dtype=self.out_dtype, device=self.device)
         if not self.scratch_elements:
             scratch = None  # one split: the decode writes the result, no partials
         elif scratch is None:
             scratch = self.new_scratch()
-        k_scale, v_scale = scale_tensors(cache)
-        strides = (
-            *query.stride()[:2],
-            *out.stride()[:2],
-            *cache.k.stride()[:2],
-            *cache.v.stride()[:2],
-            *k_scale.stride()[:2],
-        )
-        tensors = (out, query, cache.k, cache.v, k_scale, v_scale, block_table, seq_lens)
+        strides = (*query.stride()[:2], *out.stride()[:2], *cache.launch_strides)
         scalars = (softmax_scale, softcap or 0.0)
-        if not (self._direct and self._launch_compiled(tensors, scratch, scalars, strides)):
+        if not (
+            self._direct
+            and self._launch_compiled(
+                query, out, cache, block_table, seq_lens, scratch, scalars, strides
+            )
+        ):
+            k_scale, v_scale = scale_tensors(cache)
+            tensors = (out, query, cache.k, cache.v, k_scale, v_scale, block_table, seq_lens)
             self._launch_jit(tensors, cache, scratch, scalars)
         return out
 
     def _launch_compiled(
         self,
-        tensors: tuple[torch.Tensor, ...],
+        query: torch.Tensor,
+        out: torch.Tensor,
+        cache: PagedKVCache,
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
         scratch: torch.Tensor | None,
         scalars: tuple[float, float],
         strides: tuple[int, ...],
@@ -192,9 +196,11 @@ class DecodePlan:
 
         The arguments are those `_launch_jit` names, by position: binding them by name on each
         call (`KernelSpec.arguments`) would cost the host about 2 us.
-        tests/test_decode_attention.py checks that the two paths pass the same.
+        tests/test_decode_plan.py checks that the two paths pass the same.
         """
-        o, q, k, v, ks, vs, bt, sl = [tensor.data_ptr() for tensor in tensors]
+        o, q = out.data_ptr(), query.data_ptr()
+        k, v, ks, vs = cache.launch_pointers
+        bt, sl = block_table.data_ptr(), seq_lens.data_ptr()
         acc = o if scratch is None else scratch.data_ptr()
         maxes = acc + 4 * self._stats_offset
         sums = maxes + 4 * self._stats_padded
@@ -203,10 +209,9 @@ class DecodePlan:
             sizes |= size
         if not aligned(o | q | k | v | ks | vs | bt | sl | acc, sizes):
             return False
-        block_table_stride = tensors[6].stride(0)
         self._decode(
             self._decode_grid, o, acc, maxes, sums, q, k, v, ks, vs, bt, sl, *scalars,
-            *self._decode_scalars, *strides, block_table_stride,
+            *self._decode_scalars, *strides, block_table.stride(0),
         )  # fmt: skip
         if scratch is not None:
             self._reduce(
@@ -230,7 +235,7 @@ class DecodePlan:
             stats = self._stats_offset
             acc, max_, sum_ = scratch, scratch[stats:], scratch[stats + self._stats_padded :]
         decode = decode_spec(
-            **self._geometry(),
+            **self.geometry.spec_arguments(runtime_target(self.device)),
             out_dtype=self.out_dtype,
             one_split=scratch is None,
             config=self.config,
@@ -270,16 +275,6 @@ class DecodePlan:
             )
             launch(reduce, self._reduce_grid, reduce_arguments)
 
-    def _geometry(self) -> dict[str, Any]:
-        return {
-            "head_size": self.head_size,
-            "block_size": self.block_size,
-            "gqa": self.num_q_heads // self.num_kv_heads,
-            "model_dtype": self.model_dtype,
-            "cache_dtype": self.cache_dtype,
-            "target": runtime_target(self.device),
-        }
-
     def _check_inputs(
         self,
         query: torch.Tensor,
@@ -308,11 +303,16 @@ class DecodePlan:
                 )
         if query.stride(-1) != 1 or (out is not None and out.stride(-1) != 1):
             raise InvalidInputError("`query`/`out` must have a contiguous last (head) dimension")
-        page = (self.num_kv_heads, self.block_size, self.head_size)
-        if cache.k.shape[1:] != page or cache.dtype != self.cache_dtype or cache.device != device:
+        geometry = self.geometry
+        page = (geometry.num_kv_heads, geometry.block_size, geometry.head_size)
+        if (
+            cache.k.shape[1:] != page
+            or cache.dtype != geometry.cache_dtype
+            or cache.device != device
+        ):
             raise InvalidInputError(
                 f"`cache` holds {cache.dtype} pages of {tuple(cache.k.shape[1:])} (kv heads, "
-                f"block, head) on {cache.device}; this decode plan takes {self.cache_dtype} "
+                f"block, head) on {cache.device}; this decode plan takes {geometry.cache_dtype} "
                 f"{page} on {device}"
             )
         if (
@@ -378,28 +378,27 @@ def plan_decode(
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    _check_plan(
-        num_seqs, max_seq_len, num_q_heads, num_kv_heads, head_size, block_size, model_dtype,
-        cache_dtype, out_dtype, sliding_window, num_splits,
-    )  # fmt: skip
-    target = runtime_target(device)
+    geometry = AttentionGeometry(
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_size=head_size,
+        block_size=block_size,
+        model_dtype=model_dtype,
+        cache_dtype=cache_dtype,
+    )
+    _check_plan(geometry, num_seqs, max_seq_len, out_dtype, sliding_window, num_splits)
     if config is None:
         config = decode_config(
             head_size=head_size,
             block_size=block_size,
-            gqa=num_q_heads // num_kv_heads,
+            gqa=geometry.gqa,
             cache_dtype=cache_dtype,
-            target=target,
+            target=runtime_target(device),
         )
     return _plan(
+        geometry,
         num_seqs,
         -(-max_seq_len // config.tile_n) * config.tile_n,
-        num_q_heads,
-        num_kv_heads,
-        head_size,
-        block_size,
-        model_dtype,
-        cache_dtype,
         device,
         out_dtype or model_dtype,
         sliding_window,
@@ -410,31 +409,20 @@ def plan_decode(
 
 @functools.lru_cache(maxsize=1024)
 def _plan(
+    geometry: AttentionGeometry,
     num_seqs: int,
     max_seq_len: int,
-    num_q_heads: int,
-    num_kv_heads: int,
-    head_size: int,
-    block_size: int,
-    model_dtype: torch.dtype,
-    cache_dtype: torch.dtype,
     device: torch.device,
     out_dtype: torch.dtype,
     sliding_window: int | None,
     num_splits: int | None,
     config: DecodeConfig,
 ) -> DecodePlan:
-    gqa = num_q_heads // num_kv_heads
-    geometry = {
-        "head_size": head_size,
-        "block_size": block_size,
-        "gqa": gqa,
-        "model_dtype": model_dtype,
-        "cache_dtype": cache_dtype,
-        "target": runtime_target(device),
-    }
-    decode = decode_spec(**geometry, out_dtype=out_dtype, config=config)
-    one_split = decode_spec(**geometry, out_dtype=out_dtype, one_split=True, config=config)
+    gqa, num_kv_heads, head_size = geometry.gqa, geometry.num_kv_heads, geometry.head_size
+    model_dtype = geometry.model_dtype
+    spec_arguments = geometry.spec_arguments(runtime_target(device))
+    decode = decode_spec(**spec_arguments, out_dtype=out_dtype, config=config)
+    one_split = decode_spec(**spec_arguments, out_dtype=out_dtype, one_split=True, config=config)
     tile_n = config.tile_n
     span = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window + tile_n)
     num_tiles = max(triton.cdiv(span, tile_n), 1)
@@ -452,7 +440,7 @@ def _plan(
     reduce = reduce_spec(head_size=head_size, model_dtype=model_dtype, out_dtype=out_dtype)
     # Scratch: partial accumulators [seqs, q heads, splits, head], then the partial maxima and
     # sums [seqs, q heads, splits], each starting 16-byte aligned.
-    stats = num_seqs * num_q_heads * num_splits if num_splits > 1 else 0
+    stats = num_seqs * geometry.num_q_heads * num_splits if num_splits > 1 else 0
     stats_padded = -(-stats // 4) * 4
     decode_launch = kernel_launcher(one_split if num_splits == 1 else decode, device)
     reduce_launch = kernel_launcher(reduce, device)
@@ -464,19 +452,14 @@ def _plan(
         "tiles_per_split": tiles_per_split,
         "group": gqa,
         "query_bf16": int(model_dtype == torch.bfloat16),
-        "block_size": block_size,
-        "block_shift": page_shift(block_size),
+        "block_size": geometry.block_size,
+        "block_shift": page_shift(geometry.block_size),
     }
     constants = tuple((name, fixed[name]) for name in decode.runtime_parameters if name in fixed)
     return DecodePlan(
         num_seqs=num_seqs,
         max_seq_len=max_seq_len,
-        num_q_heads=num_q_heads,
-        num_kv_heads=num_kv_heads,
-        head_size=head_size,
-        block_size=block_size,
-        model_dtype=model_dtype,
-        cache_dtype=cache_dtype,
+        geometry=geometry,
         out_dtype=out_dtype,
         device=device,
         sliding_window=sliding_window,
@@ -488,7 +471,7 @@ def _plan(
         _reduce=reduce_launch,
         _direct=decode_launch.takes_addresses and reduce_launch.takes_addresses,
         _decode_grid=(num_seqs, programs_per_seq, num_splits),
-        _reduce_grid=(num_seqs, num_q_heads),
+        _reduce_grid=(num_seqs, geometry.num_q_heads),
         _decode_constants=constants,
         _decode_scalars=tuple(value for _, value in constants),
         _stats_offset=stats * head_size,
@@ -497,45 +480,18 @@ def _plan(
 
 
 def _check_plan(
+    geometry: AttentionGeometry,
     num_seqs: int,
     max_seq_len: int,
-    num_q_heads: int,
-    num_kv_heads: int,
-    head_size: int,
-    block_size: int,
-    model_dtype: torch.dtype,
-    cache_dtype: torch.dtype,
     out_dtype: torch.dtype | None,
     sliding_window: int | None,
     num_splits: int | None,
 ) -> None:
-    for name, value in (
-        ("num_seqs", num_seqs),
-        ("max_seq_len", max_seq_len),
-        ("num_kv_heads", num_kv_heads),
-    ):
+    for name, value in (("num_seqs", num_seqs), ("max_seq_len", max_seq_len)):
         if value < 1:
             raise InvalidInputError(f"`{name}` is {value}; expected >= 1")
-    if num_q_heads < 1 or num_q_heads % num_kv_heads:
-        raise InvalidInputError(
-            f"`num_q_heads` is {num_q_heads}; expected a multiple of num_kv_heads {num_kv_heads}"
-        )
-    if head_size not in SUPPORTED_HEAD_SIZES:
-        raise InvalidInputError(
-            f"`head_size` is {head_size}; expected one of {SUPPORTED_HEAD_SIZES}"
-        )
-    if block_size not in SUPPORTED_BLOCK_SIZES:
-        raise InvalidInputError(
-            f"`block_size` is {block_size}; expected one of {SUPPORTED_BLOCK_SIZES}"
-        )
-    if model_dtype not in ACTIVATION_DTYPES:
-        raise InvalidInputError(
-            f"`model_dtype` is {model_dtype}; expected one of {ACTIVATION_DTYPES}"
-        )
-    if cache_dtype not in (torch.int8, model_dtype):
-        raise InvalidInputError(
-            f"`cache_dtype` is {cache_dtype}; expected torch.int8 or the model dtype {model_dtype}"
-        )
+    geometry.check()
+    model_dtype = geometry.model_dtype
     if out_dtype not in (None, model_dtype, torch.float32):
         raise InvalidInputError(
             f"`out_dtype` is {out_dtype}; expected the model dtype {model_dtype} or torch.float32"
@@ -551,83 +507,3 @@ def clear_plan_caches() -> None:
     _plan.cache_clear()
     _decode_slots.clear()
     clear_launch_caches()
-
-
-def decode_attention(
-    query: torch.Tensor,
-    cache: PagedKVCache,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    softmax_scale: float,
-    *,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    out: torch.Tensor | None = None,
-    max_seq_len: int | None = None,
-    num_splits: int | None = None,
-    validate: bool = True,
-    config: DecodeConfig | None = None,
-) -> torch.Tensor:
-    """Attention of one new query token per sequence over its paged K/V.
-
-    Launches through the `DecodePlan` of the call's shapes (`plan_decode`, cached), with split
-    partials allocated per call; a caller that launches the same shapes repeatedly, or inside a
-    CUDA/HIP graph, holds the plan and its scratch itself (`DecodePlan.run`).
-
-    Args:
-        query: ``[num_seqs, num_q_heads, head_size]`` fp16/bf16; query head h uses kv head
-            ``h // (num_q_heads // num_kv_heads)``.
-        block_table: int32 ``[num_seqs, max_pages]``: page i of a sequence holds its keys
-            ``i * block_size ...``.
-        seq_lens: ``[num_seqs]`` keys per sequence (>= 1), the query token's own included.
-        sliding_window: attend only the newest ``sliding_window`` keys.
-        softcap: logits become ``softcap * tanh(logits / softcap)``.
-        max_seq_len: upper bound of seq_lens, sizes split-KV; read from seq_lens if None. Keys
-            past it are not attended.
-        num_splits: force a split-KV count (tests); chosen by ``choose_num_splits`` if None.
-        validate: check seq_lens and block_table on the device first (one host sync).
-        config: the launch shape (sweeps); `decode_config`'s if None.
-
-    Returns:
-        ``out`` (allocated if None), ``[num_seqs, num_q_heads, head_size]`` in query's dtype.
-    """
-    check_attention_inputs(
-        query, cache, block_table, seq_lens, softmax_scale, sliding_window, softcap, out
-    )
-    num_seqs = seq_lens.shape[0]
-    if query.shape[0] != num_seqs:
-        raise InvalidInputError(
-            f"`query` has {query.shape[0]} tokens; decode expects one per sequence ({num_seqs})"
-        )
-    if validate:
-        checked_max = check_block_table(cache, block_table, seq_lens)
-        if num_seqs and int(seq_lens.min()) < 1:
-            raise InvalidInputError("`seq_lens` holds 0; decode needs >= 1 key per sequence")
-        if max_seq_len is not None and checked_max > max_seq_len:
-            raise InvalidInputError(
-                f"`max_seq_len` is {max_seq_len}; `seq_lens` holds {checked_max}"
-            )
-        max_seq_len = checked_max if max_seq_len is None else max_seq_len
-    check_runnable("query", query)
-    result = out if out is not None else torch.empty_like(query)
-    if num_seqs == 0:
-        return result
-    if max_seq_len is None:
-        max_seq_len = int(seq_lens.max())
-    plan = plan_decode(
-        num_seqs=num_seqs,
-        max_seq_len=max(max_seq_len, 1),
-        num_q_heads=query.shape[1],
-        num_kv_heads=cache.num_kv_heads,
-        head_size=cache.head_size,
-        block_size=cache.block_size,
-        model_dtype=query.dtype,
-        cache_dtype=cache.dtype,
-        device=query.device,
-        out_dtype=result.dtype,
-        sliding_window=sliding_window,
-        num_splits=num_splits,
-        config=config,
-    )
-    seq_lens = index_tensor(seq_lens)
-    return plan.run(query, cache, block_table, seq_lens, softmax_scale, softcap=softcap, out=result)
