@@ -401,17 +401,43 @@ class BoundLaunch:
         self._checked = checked
         self._jit_args = [fixed.get(name) for name in params]
         self._launcher = kernel_launcher(spec, device)
-        self._direct_args: list[object] | None = None
+        self._fixed_aligned = fixed_aligned
+        # The arguments as the compiled kernel's launcher takes them, fixed tensors as addresses;
+        # used while every fixed address and aligned size is a multiple of 16.
+        self._addresses: list[object] | None = None
         if self._launcher.takes_addresses:
-            direct = [
+            self._addresses = [
                 value.data_ptr() if isinstance(value, torch.Tensor) else value
                 for value in self._jit_args
             ]
-            check = 0
-            for index in fixed_aligned:
-                check |= direct[index]  # type: ignore[operator]
-            if check & 15 == 0:
-                self._direct_args = direct
+        self._direct_args = self._aligned_addresses()
+
+    def _aligned_addresses(self) -> list[object] | None:
+        addresses = self._addresses
+        if addresses is None:
+            return None
+        check = 0
+        for index in self._fixed_aligned:
+            check |= addresses[index]  # type: ignore[operator]
+        return addresses if check & 15 == 0 else None
+
+    def rebound(self, grid: tuple[int, ...], values: dict[str, object]) -> BoundLaunch:
+        """This launch with ``grid`` and other fixed ``values`` (tensors or numbers, by name):
+        what changes from one engine step to the next, bound without redoing the rest."""
+        index = _parameter_index(self.spec)
+        bound = object.__new__(BoundLaunch)
+        bound.__dict__.update(self.__dict__)
+        bound.grid = grid
+        bound._jit_args = self._jit_args.copy()
+        addresses = None if self._addresses is None else self._addresses.copy()
+        for name, value in values.items():
+            slot = index[name]
+            bound._jit_args[slot] = value
+            if addresses is not None:
+                addresses[slot] = value.data_ptr() if isinstance(value, torch.Tensor) else value
+        bound._addresses = addresses
+        bound._direct_args = bound._aligned_addresses()
+        return bound
 
     def direct(self, *values: int | float) -> bool:
         """Launch with ``values`` given as addresses and numbers, if this launch goes direct and
@@ -449,6 +475,16 @@ class BoundLaunch:
 
 
 _bound_layouts: dict[tuple[int, tuple[str, ...]], tuple[KernelSpec, tuple[Any, ...]]] = {}
+
+
+@functools.cache
+def _parameter_index_by_names(names: tuple[str, ...]) -> dict[str, int]:
+    return {name: index for index, name in enumerate(names)}
+
+
+def _parameter_index(spec: KernelSpec) -> dict[str, int]:
+    """Each runtime parameter's position among ``spec``'s."""
+    return _parameter_index_by_names(spec.runtime_parameters)
 
 
 def _bound_layout(

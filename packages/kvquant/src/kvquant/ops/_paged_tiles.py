@@ -402,6 +402,7 @@ def attention_types(
         "cu_seqlens_q_ptr": pointer(torch.int32),
         "tile_seq_ptr": pointer(torch.int32),
         "tile_start_ptr": pointer(torch.int32),
+        "fills_done_ptr": pointer(torch.int32),
         "softmax_scale": "fp32",
         "softcap": "fp32",
         "sliding_window": "i32",

@@ -159,14 +159,14 @@ class KernelBatch:
     geometry: AttentionGeometry
     num_decodes: int
     num_tokens: int
-    decode_block_table: torch.Tensor  # int32 [num_decodes, max_pages]
-    decode_seq_lens: torch.Tensor  # [num_decodes]
+    decode_block_table: torch.Tensor  # int32 [num_reqs, max_pages]: the decodes' are its first
+    decode_seq_lens: torch.Tensor  # [num_reqs]: the decodes' first
     decode_max_seq_len: int  # an upper bound of decode_seq_lens: sizes the split-KV decode
     prefill_block_table: torch.Tensor  # int32 [num_prefills, max_pages]
     prefill_seq_lens: torch.Tensor  # [num_prefills]
     # Host copies: the prefill requests' query offsets from 0, and their key counts.
-    prefill_query_start_loc: torch.Tensor
-    prefill_seq_lens_host: torch.Tensor
+    prefill_query_start_loc: list[int]
+    prefill_seq_lens_host: list[int]
     decode_scratch: DecodeScratch | None = None
     prefill_scratch: PrefillScratch | None = None
     _decodes: dict[_PlanKey, tuple[DecodePlan, torch.Tensor | None]] = field(default_factory=dict)
@@ -178,10 +178,8 @@ class KernelBatch:
         """The decode plan of this step's decodes and its scratch (None: one split)."""
         planned = self._decodes.get((sliding_window, out_dtype))
         if planned is None:
-            from ..ops.decode import plan_decode
-
             geometry = self.geometry
-            plan = plan_decode(
+            plan = _planners()[0](
                 num_seqs=self.num_decodes,
                 max_seq_len=max(self.decode_max_seq_len, 1),  # vLLM's profiling may say 0
                 num_q_heads=geometry.num_q_heads,
@@ -206,9 +204,7 @@ class KernelBatch:
         """The prefill plan of this step's prefill requests."""
         plan = self._prefills.get((sliding_window, out_dtype))
         if plan is None:
-            from ..ops.prefill import plan_prefill_step
-
-            plan = self._prefills[sliding_window, out_dtype] = plan_prefill_step(
+            plan = self._prefills[sliding_window, out_dtype] = _planners()[1](
                 self.geometry,
                 self.prefill_query_start_loc,
                 self.prefill_seq_lens_host,
@@ -247,21 +243,26 @@ def plan_kernel_batch(
             model's longest context, which the captured decode must cover at every replay).
         sliding_window: the window the layers apply (the builder's spec's), planned up front.
     """
-    query_lens = query_start_loc_cpu[1:] - query_start_loc_cpu[:-1]
-    not_decode = torch.nonzero(query_lens != 1)
-    num_decodes = int(not_decode[0, 0]) if len(not_decode) else len(query_lens)
+    # Host lists: each torch operation on a tiny CPU tensor costs the host microseconds.
+    starts: list[int] = query_start_loc_cpu.tolist()
+    num_reqs = len(starts) - 1
+    num_decodes = 0
+    while num_decodes < num_reqs and starts[num_decodes + 1] - starts[num_decodes] == 1:
+        num_decodes += 1
+    has_prefills = starts[-1] > num_decodes
     batch = KernelBatch(
         geometry=geometry,
         num_decodes=num_decodes,
-        num_tokens=int(query_start_loc_cpu[-1]),
-        decode_block_table=block_table[:num_decodes],
-        decode_seq_lens=seq_lens[:num_decodes],
+        num_tokens=starts[-1],
+        # The decodes are the first rows: the whole tensors serve, without a view.
+        decode_block_table=block_table,
+        decode_seq_lens=seq_lens,
         decode_max_seq_len=max_seq_len,
-        prefill_block_table=block_table[num_decodes:],
-        prefill_seq_lens=seq_lens[num_decodes:],
+        prefill_block_table=block_table[num_decodes:] if has_prefills else block_table,
+        prefill_seq_lens=seq_lens[num_decodes:] if has_prefills else seq_lens,
         # Each decode request owns one row, so the first prefill row is row num_decodes.
-        prefill_query_start_loc=query_start_loc_cpu[num_decodes:] - num_decodes,
-        prefill_seq_lens_host=seq_lens_cpu[num_decodes:],
+        prefill_query_start_loc=[start - num_decodes for start in starts[num_decodes:]],
+        prefill_seq_lens_host=seq_lens_cpu.tolist()[num_decodes:] if has_prefills else [],
         decode_scratch=decode_scratch,
         prefill_scratch=prefill_scratch,
     )
@@ -284,9 +285,19 @@ def write_with_kernels(
     """
     num_slots = slot_mapping.shape[0]
     # The engine may pad key/value past the real tokens; slot_mapping covers exactly the real ones.
-    _cache_write()(
-        cache, key[:num_slots], value[:num_slots], slot_mapping, validate=False, checked=False
-    )
+    if key.shape[0] != num_slots:
+        key, value = key[:num_slots], value[:num_slots]
+    _cache_write()(cache, key, value, slot_mapping, validate=False, checked=False)
+
+
+@functools.cache
+def _planners() -> tuple[Any, Any]:
+    """(plan_decode, plan_prefill_step), imported once: a step plans without the import
+    machinery."""
+    from ..ops.decode import plan_decode
+    from ..ops.prefill import plan_prefill_step
+
+    return plan_decode, plan_prefill_step
 
 
 @functools.cache

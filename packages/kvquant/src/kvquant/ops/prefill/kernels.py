@@ -239,6 +239,7 @@ def _prefill_kernel(
     cu_seqlens_q_ptr,  # [num_seqs + 1] int32
     tile_seq_ptr,  # [grid0] int32, sequence of each query tile
     tile_start_ptr,  # [grid0] int32, first query token of the tile, within its sequence
+    fills_done_ptr,  # EXPANDED: int32 count of this launch's programs done; else any pointer
     # Scalars
     softmax_scale,
     softcap,  # > 0 turns the logit softcap on
@@ -346,6 +347,16 @@ def _prefill_kernel(
         as_output(acc / running_sum[:, None], out_ptr, query_bf16),
         mask=row_valid[:, None] & dim_valid[None, :],
     )
+    if EXPANDED:
+        # The launch's last program to finish zeroes the workspace's bounds (and the count) for
+        # the next fill: every program read them before counting itself done. No host memset
+        # between layers, and a graph replay starts from zeroed bounds too.
+        done = tl.atomic_add(fills_done_ptr, 1)
+        if done == tl.num_programs(0) * tl.num_programs(1) - 1:
+            for head in range(0, tl.num_programs(1)):
+                tl.store(k_scale_ptr + head, 0)
+                tl.store(v_scale_ptr + head, 0)
+            tl.store(fills_done_ptr, 0)
 
 
 def prefill_config(head_size: int, target: str, quantized: bool) -> PrefillConfig:

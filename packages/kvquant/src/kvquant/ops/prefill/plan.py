@@ -18,6 +18,7 @@ import array
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -140,20 +141,17 @@ def _upload(layout: PrefillLayout, device: torch.device) -> dict[str, torch.Tens
         "page_table": layout.page_table,
     }
     packed = array.array("i")
-    offsets = {}
-    for name, part in parts.items():
-        offsets[name] = len(packed)
+    lengths = []  # each part padded to whole 16-byte runs
+    for part in parts.values():
+        lengths.append(-(-max(len(part), 1) // 4) * 4)
         packed.extend(part)
-        packed.extend([0] * (-(-max(len(part), 1) // 4) * 4 - len(part)))
+        packed.extend([0] * (lengths[-1] - len(part)))
     host = torch.frombuffer(packed, dtype=torch.int32)
     if device.type == "cuda":
         on_device = host.pin_memory().to(device, non_blocking=True)
     else:
         on_device = host.clone()  # the array's buffer is freed with it
-    arrays = {
-        name: on_device[offsets[name] : offsets[name] + max(len(part), 1)]
-        for name, part in parts.items()
-    }
+    arrays = dict(zip(parts, on_device.split(lengths), strict=True))
     rows = len(layout.cu_seqlens) - 1
     arrays["page_table"] = arrays["page_table"][: rows * layout.table_width].view(
         rows, layout.table_width
@@ -183,7 +181,6 @@ class PrefillStepPlan:
     _prefill: BoundLaunch
     _bounds: BoundLaunch | None
     _expand: BoundLaunch | None
-    _scratch_bounds: torch.Tensor | None
 
     @property
     def spec(self) -> KernelSpec:
@@ -231,8 +228,6 @@ class PrefillStepPlan:
         """Expand the layer's INT8 pages into the workspace (nothing unless ``expanded``)."""
         if self.expanded and self.num_tiles:
             assert self._bounds is not None and self._expand is not None
-            assert self._scratch_bounds is not None
-            self._scratch_bounds.zero_()
             values = (*cache.launch_pointers, *cache.launch_strides)
             for launch in (self._bounds, self._expand):
                 if not launch.direct(*values):
@@ -292,58 +287,98 @@ def plan_prefill_step(
     arrays = _upload(layout, device)
     seq_lens = index_tensor(seq_lens)
     num_tiles = len(layout.tile_seq)
-    fixed: dict[str, object] = {
+    # What changes from one step to the next; the rest of each launch is the template's.
+    prefill_values: dict[str, object] = {
         "block_table_ptr": block_table,
         "seq_lens_ptr": seq_lens,
+        "stride_bt": block_table.stride(0),
         "cu_seqlens_q_ptr": arrays["cu_seqlens"],
         "tile_seq_ptr": arrays["tile_seq"],
         "tile_start_ptr": arrays["tile_start"],
-        "sliding_window": sliding_window or 0,
-        "group": geometry.gqa,
-        "block_q": block_q,
-        "query_bf16": int(geometry.model_dtype == torch.bfloat16),
-        "block_size": geometry.block_size,
-        "block_shift": page_shift(geometry.block_size),
-        "stride_bt": block_table.stride(0),
     }
-    varying: tuple[str, ...] = _QUERY_VARYING + EXPAND_VARYING
-    bounds = expand = scratch_bounds = None
+    fill_values: dict[str, object] = {}
     if expanded:
-        assert scratch is not None
-        bounds, expand = expand_launches(
-            scratch,
-            (geometry.block_size, geometry.head_size),
-            block_table,
-            seq_lens,
-            arrays["page_seq"],
-            arrays["page_tile"],
-            target,
-            device,
-        )
-        scratch_bounds = scratch.bounds
-        # The 16-bit prefill over the workspace's pages, its scale pointers at the bounds (the
-        # scale strides are the workspace's own, as a 16-bit cache's: never used).
-        fixed |= cache_arguments(scratch.cache) | {
-            "k_scale_ptr": scratch.bounds[0],
-            "v_scale_ptr": scratch.bounds[1],
+        fill_values = prefill_values | {
+            "page_seq_ptr": arrays["page_seq"],
+            "page_tile_ptr": arrays["page_tile"],
+        }
+        del fill_values["cu_seqlens_q_ptr"], fill_values["tile_seq_ptr"]
+        del fill_values["tile_start_ptr"]
+        prefill_values |= {
             "block_table_ptr": arrays["page_table"],
             "stride_bt": arrays["page_table"].stride(0),
-            "block_size": WORKSPACE_BLOCK,
-            "block_shift": page_shift(WORKSPACE_BLOCK),
         }
-        varying = _QUERY_VARYING
+    prefill, bounds, expand = _launch_templates(
+        spec, geometry, block_q, sliding_window, scratch if expanded else None, device,
+        prefill_values, fill_values,
+    )  # fmt: skip
     grid = (num_tiles, geometry.num_kv_heads)
+    fill_grid = (len(layout.page_seq), geometry.num_kv_heads)
     return PrefillStepPlan(
         geometry=geometry,
         num_tokens=starts[-1],
         expanded=expanded,
         num_tiles=num_tiles,
         num_pages=len(layout.page_seq),
-        _prefill=BoundLaunch(spec, device, grid, fixed, varying),
-        _bounds=bounds,
-        _expand=expand,
-        _scratch_bounds=scratch_bounds,
+        _prefill=prefill.rebound(grid, prefill_values),
+        _bounds=None if bounds is None else bounds.rebound(fill_grid, fill_values),
+        _expand=None if expand is None else expand.rebound(fill_grid, fill_values),
     )
+
+
+# The launches of a plan but for what each step binds (`plan_prefill_step`), made on the first
+# step of their kernel, geometry, window and workspace: by the ids of the spec and the scratch,
+# which the entry keeps alive.
+_templates: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
+def _launch_templates(
+    spec: KernelSpec,
+    geometry: AttentionGeometry,
+    block_q: int,
+    sliding_window: int | None,
+    scratch: PrefillScratch | None,
+    device: torch.device,
+    prefill_values: dict[str, object],
+    fill_values: dict[str, object],
+) -> tuple[BoundLaunch, BoundLaunch | None, BoundLaunch | None]:
+    """The prefill's launch and, through a workspace, the fill's two, with this step's values
+    standing in for what later steps bind (the templates are only launched rebound)."""
+    key = (id(spec), id(scratch), geometry, block_q, sliding_window, device)
+    entry = _templates.get(key)
+    if entry is not None and entry[0] is spec and entry[1] is scratch:
+        launches: tuple[BoundLaunch, BoundLaunch | None, BoundLaunch | None] = entry[2]
+        return launches
+    fixed: dict[str, object] = prefill_values | {
+        "fills_done_ptr": prefill_values["tile_seq_ptr"],  # never read but through a workspace
+        "sliding_window": sliding_window or 0,
+        "group": geometry.gqa,
+        "block_q": block_q,
+        "query_bf16": int(geometry.model_dtype == torch.bfloat16),
+        "block_size": geometry.block_size,
+        "block_shift": page_shift(geometry.block_size),
+    }
+    varying: tuple[str, ...] = _QUERY_VARYING + EXPAND_VARYING
+    bounds = expand = None
+    if scratch is not None:
+        target = runtime_target(device)
+        bounds, expand = expand_launches(
+            scratch, (geometry.block_size, geometry.head_size), fill_values, target, device
+        )
+        # The 16-bit prefill over the workspace's pages, its scale pointers at the bounds (the
+        # scale strides are the workspace's own, as a 16-bit cache's: never used).
+        fixed |= cache_arguments(scratch.cache) | {
+            "k_scale_ptr": scratch.bounds[0],
+            "v_scale_ptr": scratch.bounds[1],
+            "fills_done_ptr": scratch.fills_done,
+            "block_size": WORKSPACE_BLOCK,
+            "block_shift": page_shift(WORKSPACE_BLOCK),
+        }
+        varying = _QUERY_VARYING
+    grid = (1, geometry.num_kv_heads)
+    made = (BoundLaunch(spec, device, grid, fixed, varying), bounds, expand)
+    _templates[key] = (spec, scratch, made)
+    return made
 
 
 @dataclass(frozen=True)

@@ -202,14 +202,18 @@ class PrefillScratch:
         elems = workspace_page_bytes(num_kv_heads, head_size) // 2
         pages = torch.empty(max(capacity, 1), elems, dtype=torch.float16, device=device)
         self.cache = cache_from_pages(pages, num_kv_heads, WORKSPACE_BLOCK, head_size)
-        # The fp32 bits of each head's largest finite K and V scale, found again on every fill;
-        # rows 16-byte aligned, as the kernels' pointers are compiled (`KernelSpec.aligned`).
+        # The fp32 bits of each head's largest finite K and V scale, found again on every fill
+        # and zeroed again by the prefill that read them (its last program, counted in
+        # ``fills_done``); rows 16-byte aligned, as the kernels' pointers are compiled
+        # (`KernelSpec.aligned`).
         self.bounds = torch.zeros(2, -(-num_kv_heads // 4) * 4, dtype=torch.int32, device=device)
+        self.fills_done = torch.zeros(4, dtype=torch.int32, device=device)
 
     @property
     def nbytes(self) -> int:
-        """Device bytes held: the pages and the bounds."""
-        return self.cache.k.untyped_storage().nbytes() + self.bounds.nbytes
+        """Device bytes held: the pages, the bounds and the count."""
+        pages = self.cache.k.untyped_storage().nbytes()
+        return pages + self.bounds.nbytes + self.fills_done.nbytes
 
     def fits(self, cache: PagedKVCache) -> bool:
         """Whether this scratch's pages have ``cache``'s kv heads and head size."""
@@ -222,35 +226,28 @@ class PrefillScratch:
 def expand_launches(
     scratch: PrefillScratch,
     cache_geometry: tuple[int, int],
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_seq: torch.Tensor,
-    page_tile: torch.Tensor,
+    step_values: dict[str, object],
     target: str,
     device: torch.device,
 ) -> tuple[BoundLaunch, BoundLaunch]:
-    """The bounds pass and the expansion of ``page_seq.numel()`` workspace pages, fixed but for
-    the INT8 cache they read (`EXPAND_VARYING`, per layer); ``cache_geometry``: its block size
-    and head size."""
+    """The bounds pass and the expansion into ``scratch``, fixed but for the INT8 cache they
+    read (`EXPAND_VARYING`, per layer); ``step_values``: the block table, seq_lens, page_seq and
+    page_tile tensors and the block table's stride of the step they are first made for (later
+    steps bind theirs, `BoundLaunch.rebound`). ``cache_geometry``: block size and head size."""
     block_size, head_size = cache_geometry
-    fixed: dict[str, object] = {
+    fixed: dict[str, object] = step_values | {
         "k_bound_ptr": scratch.bounds[0],
         "v_bound_ptr": scratch.bounds[1],
         "ws_k_ptr": scratch.cache.k,
         "ws_v_ptr": scratch.cache.v,
-        "block_table_ptr": block_table,
-        "seq_lens_ptr": seq_lens,
-        "page_seq_ptr": page_seq,
-        "page_tile_ptr": page_tile,
         "block_size": block_size,
         "block_shift": page_shift(block_size),
         "stride_wk_b": scratch.cache.k.stride(0),
         "stride_wk_h": scratch.cache.k.stride(1),
         "stride_wv_b": scratch.cache.v.stride(0),
         "stride_wv_h": scratch.cache.v.stride(1),
-        "stride_bt": block_table.stride(0),
     }
-    grid = (page_seq.numel(), scratch.cache.num_kv_heads)
+    grid = (1, scratch.cache.num_kv_heads)
     bound_launches = []
     for find_bounds in (True, False):
         spec = expand_spec(
