@@ -1,6 +1,7 @@
 """What kvquant's benchmarks share: the issue's geometry (bf16 model, 32 query heads, 8 kv heads,
 head size 128, block size 16), the decode's batch x context grid and the chunked prefill's shapes,
-the KV bytes a decode reads, and `DecodeSetup`, a paged cache of random data at one shape.
+the KV bytes a decode reads, `DecodeSetup`, a paged cache of random data at one shape, and the
+split reducer timed alone.
 
 The scripts import this module by name (they run from this folder) and take these from here
 rather than from each other, so their imports form no cycle.
@@ -8,10 +9,14 @@ rather than from each other, so their imports form no cycle.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kvquant import DecodeConfig, DecodePlan, decode_attention, decode_config, plan_decode
-from kvquant.timing import paged_kv_bytes, random_sequences
+from kvquant.ops._common import launch
+from kvquant.ops.decode.reduce import reduce_spec
+from kvquant.timing import graph_ms, paged_kv_bytes, random_sequences
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 32, 8, 128, 16
 SOFTMAX_SCALE = HEAD_SIZE**-0.5
@@ -118,3 +123,29 @@ PREFILL_SHAPES = ((4, 2048, 2048), (4, 16384, 2048), (1, 32768, 4096), (8, 0, 20
 def prefill_flops(batch: int, cached: int, new: int) -> float:
     """Causal FLOPs of the new tokens: Q x K and P x V over the prefix and, causally, themselves."""
     return 4 * batch * new * NUM_Q_HEADS * HEAD_SIZE * (cached + (new + 1) / 2)
+
+
+def reducer_ms(out: torch.Tensor, splits: int) -> float:
+    """The split reducer alone, graph-timed, on random partials of ``splits`` splits for ``out``
+    ([batch, query heads, head size])."""
+    batch, num_q_heads, head_size = out.shape
+    reduce = reduce_spec(head_size=head_size, model_dtype=out.dtype)
+    partial_acc = torch.randn(batch, num_q_heads, splits, head_size, device="cuda")
+    partial_max = torch.randn(batch, num_q_heads, splits, device="cuda")
+    partial_sum = torch.rand(batch, num_q_heads, splits, device="cuda") + 1
+    reduce_arguments = reduce.arguments(
+        out_ptr=out,
+        partial_acc_ptr=partial_acc,
+        partial_max_ptr=partial_max,
+        partial_sum_ptr=partial_sum,
+        num_splits=splits,
+        head_size=head_size,
+        stride_o_t=out.stride(0),
+        stride_o_h=out.stride(1),
+    )
+    return graph_ms(functools.partial(launch, reduce, (batch, num_q_heads), reduce_arguments))
+
+
+def us_text(times_ms: list[float]) -> str:
+    """Times in ms as microseconds, "/"-joined."""
+    return "/".join(f"{t * 1e3:.1f}" for t in times_ms)
