@@ -274,10 +274,10 @@ class StepTimes:
 
 
 def step_times(plan: Callable[[], T], layers: Callable[[T], None], steps: int,
-               device: torch.device) -> StepTimes:  # fmt: skip
+               device: torch.device, warmups: int = 3) -> StepTimes:  # fmt: skip
     """The medians of ``steps`` synced steps, then of as many replays of the layers captured
     once."""
-    for _ in range(3):  # compile, make launchers, warm the allocator
+    for _ in range(warmups):  # compile, make launchers, warm the allocator
         layers(plan())
     _sync(device)
     eager, planning, issuing = [], [], []
