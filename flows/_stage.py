@@ -30,6 +30,7 @@ from adrkit import (
     Table,
     check_records,
     hardware,
+    load_sources,
     markdown_table,
     package_versions,
     repo_state,
@@ -39,6 +40,8 @@ from adrkit import (
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GATES_FILE = REPO_ROOT / "flows" / "gates.toml"
+# Declares the source files of each stage, whose hashes every record carries (adrkit's freshness).
+ADR_DIR = REPO_ROOT / "docs" / "adr"
 # Versions recorded with every record, so a figure can be tied to the code that produced it.
 PROVENANCE_PACKAGES = ["adrkit", "forkaudit", "kvquant", "kvbench", "prefect", "torch", "triton"]
 
@@ -130,6 +133,7 @@ def stage_record(ctx: RunContext, stage: str, started_at: str, parts: RecordPart
         artifacts=dict(parts.artifacts),
         provenance=_provenance(
             ctx,
+            stage,
             started_at,
             fork_commit if isinstance(fork_commit, str) else None,
             fork_tree if isinstance(fork_tree, str) else None,
@@ -251,7 +255,7 @@ def _bare_record(ctx: RunContext, stage: str, started_at: str, status: str, reas
         status=status,  # type: ignore[arg-type]
         reason=reason,
         summary=reason,
-        provenance=_provenance(ctx, started_at),
+        provenance=_provenance(ctx, stage, started_at),
     )
 
 
@@ -273,9 +277,14 @@ def accelerator() -> dict[str, Scalar]:
 
 
 def _provenance(
-    ctx: RunContext, started_at: str, fork_commit: str | None = None, fork_tree: str | None = None
+    ctx: RunContext,
+    stage: str,
+    started_at: str,
+    fork_commit: str | None = None,
+    fork_tree: str | None = None,
 ) -> Provenance:
-    """Where a record of this run comes from; it ends now."""
+    """Where a record of this run comes from, with the hashes of the source files its stage
+    measured (docs/adr/sources.toml); it ends now."""
     commit, dirty = repo_state(REPO_ROOT)
     return Provenance(
         run_id=ctx.run_id,
@@ -288,6 +297,7 @@ def _provenance(
         flow_run_id=ctx.flow_run_id,
         packages=package_versions(PROVENANCE_PACKAGES),
         hardware=hardware() | accelerator(),
+        sources=load_sources(ADR_DIR).hashes(stage) or {},
     )
 
 

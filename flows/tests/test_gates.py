@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from adrkit import render_block, utc_now
-from flows._stage import GatesFileError, RunContext, load_gates, stage_gates, stage_record
+from adrkit import load_sources, render_block, stale, utc_now
+from flows._stage import (
+    ADR_DIR,
+    GatesFileError,
+    RunContext,
+    load_gates,
+    stage_gates,
+    stage_record,
+)
 from flows.pipeline import STAGES
 from flows.throughput import STAGE
 from kvbench.throughput import ThroughputResult
@@ -72,6 +79,9 @@ def test_the_shipped_gates_judge_a_real_kernel_only_throughput_record(tmp_path: 
         ("regressions", 0.0, "<=", 0.0),
     ]
     assert record.status == "passed"
+    # The record carries the hashes of the sources it measured, which the work tree still has.
+    assert any(p.startswith("packages/kvquant/src/kvquant/ops/") for p in record.provenance.sources)
+    assert stale(record, load_sources(ADR_DIR)) is None
     # Interpreted kernels: functional checks, in the table and the figures a decision reads.
     kernels = record.tables["kernels"]
     rows = [dict(zip(kernels.columns, row, strict=True)) for row in kernels.rows]

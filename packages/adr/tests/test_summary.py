@@ -111,9 +111,10 @@ def test_the_summarys_figures_are_the_records_own() -> None:
     body = render_block("decision-0009", _shown(throughput(), accuracy()), "en")
     rows = _rows(body)
     memory = rows["KV-cache memory per token, INT8 against 16-bit"]
-    assert memory[1:] == ["0.516×", "NVIDIA H200", "2026-12-01", "passed"]
+    commit = "`0123456789ab`"
+    assert memory[1:] == ["0.516×", "NVIDIA H200", "2026-12-01", commit, "passed"]
     decode = rows["Decode speed, INT8 against 16-bit (timed on a GPU)"]
-    assert decode[1:] == ["1.71× – 1.91×", "NVIDIA H200", "2026-12-01", "passed"]
+    assert decode[1:] == ["1.71× – 1.91×", "NVIDIA H200", "2026-12-01", commit, "passed"]
     prefill = rows["Prefill speed, INT8 against 16-bit (timed on a GPU)"]
     assert prefill[1] == "0.74× – 0.77×" and prefill[-1] == "failed"
     divergence = rows["Accuracy cost: token-level divergence from the 16-bit cache"]
@@ -258,3 +259,16 @@ def test_the_status_table_names_each_stage_as_the_pipeline_does() -> None:
     zh = render_block("pipeline-status", shown, "zh")
     assert re.search(r"^\| kernels \| [^|]+ \| 通过 \|", zh, re.MULTILINE), zh
     assert re.search(r"^\| audit \| [^|]+ \| ", zh, re.MULTILINE), zh
+
+
+def test_the_status_table_has_a_row_for_each_expected_class_that_has_not_run() -> None:
+    # The kernel build compiled every gfx90a cell; no gfx90a node has run a stage yet.
+    columns = ["target", "kernel", "cache", "cells", "failed", "spill_bytes", "waves_per_simd"]
+    resources = Table(columns, [["gfx90a", "decode_attention", "int8", 2, 0, 0, 4]])
+    kernels = dataclasses.replace(make_record("kernels"), tables={"resources": resources})
+    en = render_block("pipeline-status", _shown(kernels, throughput()), "en")
+    for stage in ("correctness", "accuracy", "throughput"):
+        assert f"| {stage} | gfx90a node (CDNA2) | compiled, not yet run | — |" in en, en
+    assert "| throughput | NVIDIA H200 | passed |" in en
+    assert "| correctness | NVIDIA H200 | not yet run |" in en
+    assert "| kernels | CPU (nightly; interpreter and torch references) | passed |" in en

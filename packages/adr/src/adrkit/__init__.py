@@ -24,6 +24,7 @@ from adrkit._evidence import (
     load_evidence,
     load_hardware,
 )
+from adrkit._freshness import SOURCES_FILE, Sources, Stale, load_sources, source_hashes, stale
 from adrkit._markdown import markdown_table, markdown_text
 from adrkit._provenance import hardware, new_run_id, package_versions, repo_state, utc_now
 from adrkit._record import (
@@ -50,6 +51,7 @@ __all__ = [
     "LANGS",
     "MAX_RECORD_BYTES",
     "SCHEMA_VERSION",
+    "SOURCES_FILE",
     "STATUSES",
     "AdrError",
     "BlockSource",
@@ -66,6 +68,8 @@ __all__ = [
     "ResultsError",
     "Scalar",
     "Shown",
+    "Sources",
+    "Stale",
     "Status",
     "Table",
     "UpdateResult",
@@ -78,6 +82,7 @@ __all__ = [
     "load_evidence",
     "load_hardware",
     "load_latest",
+    "load_sources",
     "markdown_table",
     "markdown_text",
     "milestone_problems",
@@ -87,6 +92,8 @@ __all__ = [
     "read_record",
     "render_block",
     "repo_state",
+    "source_hashes",
+    "stale",
     "update_adrs",
     "utc_now",
     "write_record",

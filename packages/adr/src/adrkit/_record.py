@@ -56,6 +56,9 @@ _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _GIT_HASH = re.compile(r"[0-9a-f]{7,64}")
 # UTC, as `utc_now` writes it; the fraction may be shorter or absent in records of other writers.
 _TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?Z")
+# A source file's path, relative and plain (shown in code spans), and its digest.
+_SOURCE_PATH = re.compile(r"(?!/)(?!.*(?:^|/)\.\.(?:/|$))[A-Za-z0-9._/-]{1,255}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _ID_CHARS = "letters, digits, '.', '_' or '-' (128 at most, the first a letter or digit)"
 _TIME = "a UTC time like 2026-11-29T02:00:00.000000Z"
 _HASH = "a git hash in lowercase hex"
@@ -163,8 +166,18 @@ class Provenance:
     flow_run_id: str | None = None
     packages: dict[str, str] = field(default_factory=dict)
     hardware: dict[str, Scalar] = field(default_factory=dict)
+    # The SHA-256 of each source file the stage's figures depend on, by its path relative to the
+    # repository root, as it ran (`adrkit._freshness`); empty in records written before.
+    sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for path, digest in self.sources.items():
+            if not (_SOURCE_PATH.fullmatch(path) and _SHA256.fullmatch(digest)):
+                msg = (
+                    f"`provenance.sources` maps a relative path to a SHA-256 in lowercase hex, "
+                    f"got {path!r}: {digest!r}"
+                )
+                raise RecordError(msg)
         for name, (pattern, expected, nullable) in _PROVENANCE_FORMATS.items():
             value = getattr(self, name)
             if value is None and nullable:

@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from adrkit._block_sources import BLOCK_SOURCES
 from adrkit._blocks import BLOCKS
 from adrkit._errors import RenderError
 from adrkit._evidence import Evidence, HardwareClasses
+from adrkit._freshness import Sources, stale, stale_note
 from adrkit._markdown import Markdown, code_cell, markdown_table, markdown_text, source_line
 from adrkit._record import Record, Scalar
 from adrkit._stage_renderer import StageRenderer
@@ -35,20 +37,32 @@ class Shown:
     evidence: Evidence
     hardware: HardwareClasses = field(default_factory=HardwareClasses)
     decisions: Decisions = field(default_factory=Decisions)
+    sources: Sources = field(default_factory=Sources)
+
+    def stale_line(self, record: Record | None, lang: str) -> str | None:
+        """The italic line a block shows under a record whose sources changed since it ran."""
+        found = stale(record, self.sources) if record is not None else None
+        return None if found is None else f"_{stale_note(found, self.sources, lang)}_"
 
 
 EvidenceRenderer = Callable[[Shown, str], str]
 
 
 def render_pipeline_status(shown: Shown, lang: str) -> str:
-    """Every stage's newest status on each hardware class, with the run that produced it. The
+    """Every stage's newest status on each hardware class, with the run and the commit that
+    produced it (and, when its sources changed since, which); then each hardware class that
+    `hardware.toml` expects to run the stage and that has no record of it, as not yet run. The
     detail is the failed gates' names, or the stage's own message where it did not finish: both
     quoted as written, since no record sentence is in the ADR's language."""
     evidence, hardware = shown.evidence, shown.hardware
     rows: list[list[Scalar]] = []
     records: list[Record] = []
-    for stage in sorted(evidence.files):
-        for class_id, found in evidence.by_class(stage):
+    expected_stages = {stage for c in hardware.classes for stage in c.stages}
+    for stage in sorted(evidence.files.keys() | expected_stages):
+        # A stage's name, never a cell word to translate ("kernels" is one).
+        name = Markdown(markdown_text(stage))
+        ran = dict(evidence.by_class(stage))
+        for class_id, found in ran.items():
             r = found.record
             failed = [code_cell(g.name) for g in r.gates if not g.passed]
             if failed:
@@ -58,26 +72,36 @@ def render_pipeline_status(shown: Shown, lang: str) -> str:
             else:
                 detail = None
             passed = sum(g.passed for g in r.gates)
-            rows.append(
-                [
-                    # A stage's name, never a cell word to translate ("kernels" is one).
-                    Markdown(markdown_text(stage)),
-                    hardware.label(class_id, lang, r),
-                    r.status,
-                    detail,
-                    f"{passed}/{len(r.gates)}",
-                    r.provenance.run_id,
-                ]
-            )
+            gates = f"{passed}/{len(r.gates)}"
+            label = hardware.label(class_id, lang, r)
+            commit = _commit_cell(shown, r, lang)
+            rows.append([name, label, r.status, detail, gates, r.provenance.run_id, commit])
             records.append(r)
-    columns = ["stage", "hardware", "status", "detail", "gates", "run"]
+        for missing in hardware.expected(stage):
+            if missing.id not in ran:
+                key = "compiled-not-run" if compiled_for(evidence, missing.id) else "not-run"
+                rows.append([name, hardware.label(missing.id, lang), key, None, None, None, None])
+    columns = ["stage", "hardware", "status", "detail", "gates", "run", "evidence_commit"]
     table = markdown_table(lang, columns, rows)
     return "\n\n".join([table, *(source_line(record, lang) for record in records)])
 
 
+def _commit_cell(shown: Shown, record: Record, lang: str) -> Markdown:
+    """The record's commit, and its stale note when its sources changed since."""
+    commit = code_cell((record.provenance.repo_commit or "unknown")[:12])
+    found = stale(record, shown.sources)
+    return (
+        commit
+        if found is None
+        else Markdown(f"{commit} ({stale_note(found, shown.sources, lang)})")
+    )
+
+
 def _summary(block: str) -> EvidenceRenderer:
     def render(shown: Shown, lang: str) -> str:
-        return render_summary(block, shown.evidence, shown.hardware, shown.decisions, lang)
+        return render_summary(
+            block, shown.evidence, shown.hardware, shown.decisions, lang, shown.sources
+        )
 
     return render
 
@@ -106,24 +130,24 @@ def render_block(key: str, shown: Shown | Mapping[str, Record], lang: str) -> st
         raise RenderError(msg)
     latest = {stage: found.record for stage, found in evidence.latest_by_stage().items()}
     if isinstance(renderer, StageRenderer) and renderer.stage in hardware.per_hardware_stages:
-        return _per_hardware(renderer, evidence, hardware, lang, latest)
-    return renderer(latest, lang)
+        return _per_hardware(renderer, shown, lang, latest)
+    source = BLOCK_SOURCES.get(key)
+    note = shown.stale_line(latest.get(source.stage), lang) if source is not None else None
+    return "\n\n".join([renderer(latest, lang), *([note] if note else [])])
 
 
 def _per_hardware(
-    renderer: StageRenderer,
-    evidence: Evidence,
-    hardware: HardwareClasses,
-    lang: str,
-    latest: dict[str, Record],
+    renderer: StageRenderer, shown: Shown, lang: str, latest: dict[str, Record]
 ) -> str:
-    stage = renderer.stage
+    evidence, hardware, stage = shown.evidence, shown.hardware, renderer.stage
     sections = []
     present = set()
     for class_id, found in evidence.by_class(stage):
         present.add(class_id)
         heading = f"**{markdown_text(hardware.label(class_id, lang, found.record))}**"
-        sections.append(heading + "\n\n" + renderer({**latest, stage: found.record}, lang))
+        body = renderer({**latest, stage: found.record}, lang)
+        note = shown.stale_line(found.record, lang)
+        sections.append("\n\n".join([heading, body, *([note] if note else [])]))
     for expected in hardware.expected(stage):
         if expected.id in present:
             continue

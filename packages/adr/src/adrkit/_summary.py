@@ -29,6 +29,7 @@ from adrkit._evidence import (
     read_source,
 )
 from adrkit._files import FileReadError, read_capped
+from adrkit._freshness import Sources, load_sources, stale, stale_note
 from adrkit._markdown import Markdown, code_cell, markdown_table, markdown_text
 from adrkit._record import Gate, Record, Scalar, Table
 
@@ -612,33 +613,56 @@ def _verdict(spec: RowSpec, result: Result) -> str:
 
 
 def render_summary(
-    block: str, evidence: Evidence, hardware: HardwareClasses, decisions: Decisions, lang: str
+    block: str,
+    evidence: Evidence,
+    hardware: HardwareClasses,
+    decisions: Decisions,
+    lang: str,
+    sources: Sources | None = None,
 ) -> str:
-    """The decision summary ``block``: a table of its rows, in the ADR's language."""
+    """The decision summary ``block``: a table of its rows, in the ADR's language; each row
+    names the commit its evidence came from, and says so when the sources it measured changed
+    since (``sources``: none judged when None)."""
     rows = decision_rows(block, decisions, evidence, hardware, lang)
     if not rows:
         return markdown_text(summary_label(lang, "no-decisions", file=DECISIONS_FILE))
-    return markdown_table(lang, _COLUMNS, [_cells(row, hardware, lang) for row in rows])
+    judged = sources or Sources()
+    return markdown_table(lang, _COLUMNS, [_cells(row, hardware, lang, judged) for row in rows])
 
 
-_COLUMNS = ["question", "answer", "evidence_figure", "hardware", "date", "verdict"]
+_COLUMNS = [
+    "question",
+    "answer",
+    "evidence_figure",
+    "hardware",
+    "date",
+    "evidence_commit",
+    "verdict",
+]
 
 
-def _cells(row: DecisionRow, hardware: HardwareClasses, lang: str) -> list[Scalar]:
+def _cells(
+    row: DecisionRow, hardware: HardwareClasses, lang: str, sources: Sources
+) -> list[Scalar]:
     question = row.spec.question.get(lang) or row.spec.question.get("en") or row.spec.id
     verdict = Markdown(markdown_text(_verdict_word(row.verdict, lang)))
     if isinstance(row.result, NotMeasured):
         missing = Markdown(markdown_text(summary_label(lang, "not-measured")))
-        return [question, Markdown(row.result.why), missing, None, None, verdict]
+        return [question, Markdown(row.result.why), missing, None, None, None, verdict]
     record = row.result.record
     name = hardware.label(hardware_class(record), lang, record)
     date = record.provenance.ended.strftime("%Y-%m-%d")
+    commit = code_cell((record.provenance.repo_commit or "unknown")[:12])
+    found = stale(record, sources)
+    if found is not None:
+        commit = Markdown(f"{commit} ({stale_note(found, sources, lang)})")
     return [
         question,
         Markdown(row.result.answer),
         Markdown(markdown_text(row.result.figure)),
         name,
         date,
+        commit,
         verdict,
     ]
 
@@ -654,9 +678,11 @@ def milestone_problems(
     adr_dir: Path, results: Path | None, now: datetime | None = None
 ) -> list[str]:
     """One line per decision-summary row a milestone needs (``milestone = true``) that is not
-    measured, failed, or older than ``max_age_days``, from the evidence of ``results`` and the
-    store; empty when the milestone's evidence stands."""
+    measured, failed, older than ``max_age_days``, or stale (its sources changed since it ran,
+    `adrkit._freshness`), from the evidence of ``results`` and the store; empty when the
+    milestone's evidence stands."""
     decisions, hardware = load_decisions(adr_dir), load_hardware(adr_dir)
+    declared = load_sources(adr_dir)
     sources = [*([results] if results is not None else []), evidence_dir(adr_dir)]
     evidence = collect(found for source in sources for found in read_source(source))
     now = now or datetime.now(UTC)
@@ -671,6 +697,9 @@ def milestone_problems(
                 continue
             if row.verdict == "failed":
                 problems.append(f"{where}: failed ({row.result.figure})")
+            found = stale(row.result.record, declared)
+            if found is not None:
+                problems.append(f"{where}: {_plain(stale_note(found, declared, 'en'))}")
             age = now - row.result.record.provenance.ended
             if decisions.max_age_days is not None and age > timedelta(days=decisions.max_age_days):
                 problems.append(
@@ -678,6 +707,11 @@ def milestone_problems(
                     f"{decisions.max_age_days:g} a milestone accepts"
                 )
     return problems
+
+
+def _plain(markdown: str) -> str:
+    """A stale note as a line of a message: its code spans' backticks dropped."""
+    return markdown.replace("`", "")
 
 
 SUMMARY_KEYS = ("decision-0009", "decision-0010", "decision-0012")

@@ -39,6 +39,7 @@ from adrkit._figures import (
     stale_stored_figures,
 )
 from adrkit._files import FileReadError, read_capped, remove_stale_temps
+from adrkit._freshness import load_sources
 from adrkit._lock import DirectoryLock
 from adrkit._markdown import markdown_text
 from adrkit._record import RECORD_SUFFIX, Record, RecordFile, artifact_in_run_dir
@@ -128,7 +129,9 @@ def update_adrs(
                 f"{', '.join([*sources, str(evidence_dir(adr_dir))])}"
             )
             raise ResultsError(msg)
-        shown = Shown(evidence, load_hardware(adr_dir), load_decisions(adr_dir))
+        shown = Shown(
+            evidence, load_hardware(adr_dir), load_decisions(adr_dir), load_sources(adr_dir)
+        )
         store_files, now_stored = _store_plan(adr_dir, incoming)
         planned = _plan(adr_dir, shown) | store_files
         # What the store holds once this update is done: its records, each replaced by the
