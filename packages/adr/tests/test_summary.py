@@ -15,6 +15,7 @@ from adrkit import (
     Evidence,
     Gate,
     Record,
+    Scalar,
     Shown,
     Table,
     load_decisions,
@@ -272,3 +273,45 @@ def test_the_status_table_has_a_row_for_each_expected_class_that_has_not_run() -
     assert "| throughput | NVIDIA H200 | passed |" in en
     assert "| correctness | NVIDIA H200 | not yet run |" in en
     assert "| kernels | CPU (nightly; interpreter and torch references) | passed |" in en
+
+
+def _two_releases() -> Record:
+    """A kernel build at the target's Triton (one wave for the INT8 prefill) and the newest."""
+    columns = ["triton", "triton_role", "target", "kernel", "cache", "cells", "failed"]
+    columns += ["vgprs", "agprs", "lds_bytes", "spill_bytes", "waves_per_simd"]
+    rows: list[list[Scalar]] = [
+        ["3.6.0", "target", "gfx90a", "decode_attention", "int8", 2, 0, 147, 8, 16384, 0, 3],
+        ["3.6.0", "target", "gfx90a", "prefill_attention", "int8", 2, 0, 216, 64, 16384, 0, 1],
+        ["3.9.0", "newest", "gfx90a", "decode_attention", "int8", 2, 0, 140, 0, 16384, 0, 3],
+        ["3.9.0", "newest", "gfx90a", "prefill_attention", "int8", 2, 0, 255, 0, 16384, 0, 2],
+    ]
+    metrics: dict[str, Scalar] = {"triton_target": "3.6.0", "triton_gated": "3.6.0"}
+    metrics |= {"triton_newest": "3.9.0", "triton_target_not_built": None}
+    metrics["triton_target_source"] = "vLLM 0.18.1 requirements/rocm-build.txt: triton==3.6.0"
+    return dataclasses.replace(
+        make_record("kernels"),
+        metrics=metrics,
+        tables={"resources": Table(columns, rows)},
+        gates=[Gate.judge("min_waves_per_simd", 1, ">=", 1)],
+    )
+
+
+def test_the_gfx90a_row_judges_the_targets_triton_and_names_the_weakest_cell() -> None:
+    build = _rows(render_block("decision-0009", _shown(_two_releases()), "en"))[
+        "Builds on gfx90a, and at what occupancy"
+    ]
+    assert build[0] == (
+        "at Triton 3.6.0 (the target's): 4 cells, 0 failed; at least 1 waves per SIMD; 0 spills "
+        "(fewest: prefill\\_attention int8); at Triton 3.9.0: at least 2 (prefill\\_attention int8)"
+    ).replace("\\_", "_")
+    assert build[1] == "≥ 1" and build[-1] == "failed"  # the row asks for two waves
+
+
+def test_the_resource_block_shows_each_triton_release_as_its_own_columns() -> None:
+    zh = render_block("kvquant-resources", {"kernels": _two_releases()}, "zh")
+    assert zh.startswith("_gfx90a 目标运行 Triton 3.6.0： `vLLM 0.18.1 requirements")
+    assert "VGPR，NVIDIA 为寄存器（最大） · Triton 3.6.0（目标所用）" in zh
+    assert "每 SIMD 波数（最小） · Triton 3.9.0（已安装的最新版）" in zh
+    assert (
+        "| gfx90a | prefill_attention | int8 | 2 | 0 | 216 | 64 | 16384 | 0 | 1 | 0 | 255 |" in zh
+    )

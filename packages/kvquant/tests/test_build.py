@@ -289,6 +289,20 @@ def test_default_matrix_covers_the_served_shapes() -> None:
     assert set(matrix.cache_dtype) == {"int8", "model"}
     assert len(matrix.points()) == 5 * 3 * len(matrix.gqa) * 2 * 2
     assert matrix.specs == "kvquant.ops:aot_specs" and matrix.gates["max_vgpr_spills"] == 0
+    # The gfx90a target's Triton, with where it is stated: the fork's base's ROCm requirements.
+    assert matrix.target_triton == "3.6.0"
+    assert str(matrix.target_triton_source).startswith("vLLM 0.18.1 requirements/rocm-build.txt")
+
+
+def test_a_matrix_without_a_triton_table_takes_the_defaults_target(tmp_path: Path) -> None:
+    path = tmp_path / "one.toml"
+    path.write_text(_ONE_CELL_MATRIX)
+    assert load_matrix(path).target_triton == load_matrix(None).target_triton
+    path.write_text(_ONE_CELL_MATRIX + "\n[triton]\ntarget = '3.9.0'\nsource = 'the team'\n")
+    assert (load_matrix(path).target_triton, load_matrix(path).target_triton_source) == (
+        "3.9.0",
+        "the team",
+    )
 
 
 @pytest.mark.parametrize(
@@ -300,6 +314,8 @@ def test_default_matrix_covers_the_served_shapes() -> None:
         ("[gates]\nmin_occupancy = 2\n[axes]", "expected keys from"),
         ("specs = 'kvquant.ops'\n[axes]", "expected 'module:function'"),
         ("[axes\n", "not valid TOML"),
+        ("[triton]\ntarget = '3.6'\nsource = 'x'\n[axes]", "expected a release `target`"),
+        ("[triton]\ntarget = '3.6.0'\n[axes]", "and the `source` that states it"),
     ],
 )  # fmt: skip
 def test_bad_matrix_is_one_clear_line(text: str, message: str) -> None:

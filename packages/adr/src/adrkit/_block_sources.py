@@ -44,6 +44,7 @@ BLOCK_SOURCES: dict[str, BlockSource] = {
     "kvquant-edge-cases": BlockSource("correctness", ("edge-cases",)),
     "kvquant-resources": BlockSource("kernels", ("resources",)),
     "kvquant-resource-diff": BlockSource("kernels", ("resource-diff",)),
+    "kvquant-specializations": BlockSource("kernels", ("specializations",)),
     "kvbench-accuracy": BlockSource("accuracy", ("deltas",), ("accuracy_deltas.png",)),
     "kvbench-divergence": BlockSource("accuracy", ("divergence",), ("divergence_kld.png",)),
     "kvbench-kernel-throughput": BlockSource(

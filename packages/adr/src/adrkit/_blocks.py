@@ -8,17 +8,18 @@ block ends with the run id and the commit of each record it used.
 from __future__ import annotations
 
 from adrkit._audit_blocks import AUDIT_BLOCKS
+from adrkit._kernel_blocks import KERNEL_BLOCKS
 from adrkit._stage_renderer import Renderer, render_record_table
 
 BLOCKS: dict[str, Renderer] = {
     **AUDIT_BLOCKS,
+    **KERNEL_BLOCKS,
     "kvquant-correctness": render_record_table(
         "kvquant-correctness", "no-cases", verbatim=frozenset({"verdict"})
     ),
     "kvquant-edge-cases": render_record_table(
         "kvquant-edge-cases", "no-cases", verbatim=frozenset({"detail"})
     ),
-    "kvquant-resources": render_record_table("kvquant-resources", "no-cases"),
     "kvquant-resource-diff": render_record_table(
         "kvquant-resource-diff", "no-diff", no_baseline_key="no-previous-build"
     ),

@@ -58,6 +58,11 @@ _LABELS: dict[str, dict[str, str]] = {
         "tasks": "{passed} passed, {inconclusive} inconclusive, {failed} failed of {rows}",
         "correct": "worst error {worst} of its tolerance; {edge} edge cases failed",
         "build": "{cells} cells, {failed} failed; at least {waves} waves per SIMD; {spills} spills",
+        "weakest": " (fewest: {cell})",
+        "at-triton": "at Triton {release} ({roles}): ",
+        "the-target": "the target's",
+        "other-triton": "; at Triton {release}: at least {waves} ({cell})",
+        "why-no-target-build": "no gfx90a build at the target's Triton {release}:",
         "runs": "correctness on {hardware}: {status}",
         "block-size": "block {best} is fastest: {figures}",
         "compile": "fastest: {best}; {figures}",
@@ -86,6 +91,11 @@ _LABELS: dict[str, dict[str, str]] = {
         "tasks": "共 {rows} 项：{passed} 项通过，{inconclusive} 项无定论，{failed} 项失败",
         "correct": "最大误差为容差的 {worst}；{edge} 个边界用例失败",
         "build": "{cells} 个单元，{failed} 个失败；每 SIMD 至少 {waves} 个波；溢出 {spills}",
+        "weakest": "（最少的是 {cell}）",
+        "at-triton": "Triton {release}（{roles}）：",
+        "the-target": "目标所用",
+        "other-triton": "；Triton {release}：至少 {waves} 个波（{cell}）",
+        "why-no-target-build": "没有用目标所用的 Triton {release} 构建 gfx90a：",
         "runs": "{hardware} 上的正确性检查：{status}",
         "block-size": "块大小 {best} 最快：{figures}",
         "compile": "最快：{best}；{figures}",
@@ -321,10 +331,25 @@ _GFX90A_BUILD_COLUMNS = ("cells", "failed", "spill_bytes", "waves_per_simd")
 
 
 def _gfx90a_build(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+    """The gfx90a build at the Triton its target runs, which the row's gate judges (a build
+    record of one release, from before the builds named theirs, is read whole); the other
+    release's least waves beside it."""
     record = _newest(evidence, _KERNEL_BUILD.stage, lambda r: bool(_built_for(r, "gfx90a")))
     if record is None:
         return _missing(evidence, _KERNEL_BUILD.stage, _KERNEL_BUILD.table, lang)
+    target = record.metrics.get("triton_target")
+    missing = record.metrics.get("triton_target_not_built")
+    if isinstance(target, str) and isinstance(missing, str):
+        return NotMeasured(
+            markdown_text(summary_label(lang, "why-no-target-build", release=target))
+            + " "
+            + code_cell(missing)
+        )
     rows = _built_for(record, "gfx90a")
+    releases = list(dict.fromkeys(str(r["triton"]) for r in rows if "triton" in r))
+    gated = str(record.metrics.get("triton_gated") or (releases[0] if releases else ""))
+    if releases:
+        rows = [r for r in rows if r["triton"] == gated]
     # A build record of another layout (an older kvquant) may lack a column this row reads:
     # then the row is not measured, rather than read as zero.
     absent = [c for c in _GFX90A_BUILD_COLUMNS if any(c not in r for r in rows)]
@@ -332,11 +357,31 @@ def _gfx90a_build(evidence: Evidence, hardware: HardwareClasses, lang: str) -> R
         return _missing(evidence, _KERNEL_BUILD.stage, f"{_KERNEL_BUILD.table}.{absent[0]}", lang)
     total = {k: sum(int(_float(r[k]) or 0) for r in rows) for k in ("cells", "failed")}
     spills = sum(int(_float(r["spill_bytes"]) or 0) for r in rows)
-    waves = min((int(w) for r in rows if (w := _float(r["waves_per_simd"])) is not None), default=0)
+    waves, weakest = _fewest_waves(rows)
     fields = {k: str(v) for k, v in total.items()} | {"waves": str(waves), "spills": str(spills)}
-    found = _measured(lang, "build", f"≥ {waves}", record, **fields)
+    sentence = summary_label(lang, "build", **fields)
+    if weakest:
+        sentence += summary_label(lang, "weakest", cell=weakest)
+    if releases:
+        roles = summary_label(lang, "the-target")
+        sentence = summary_label(lang, "at-triton", release=gated, roles=roles) + sentence
+    for other in (r for r in releases if r != gated):
+        other_rows = [r for r in _built_for(record, "gfx90a") if r["triton"] == other]
+        other_waves, other_weakest = _fewest_waves(other_rows)
+        sentence += summary_label(
+            lang, "other-triton", release=other, waves=str(other_waves), cell=other_weakest or "—"
+        )
     verdict = "passed" if total["failed"] == 0 and spills == 0 and record.gates_passed else "failed"
-    return replace(found, value=float(waves), verdict=verdict)
+    return Measured(markdown_text(sentence), f"≥ {waves}", record, float(waves), verdict)
+
+
+def _fewest_waves(rows: list[dict[str, Scalar]]) -> tuple[int, str]:
+    """The least waves per SIMD over ``rows``, and the kernel and cache of the row with them."""
+    known = [(int(w), r) for r in rows if (w := _float(r.get("waves_per_simd"))) is not None]
+    if not known:
+        return 0, ""
+    waves, row = min(known, key=lambda item: item[0])
+    return waves, f"{row['kernel']} {row['cache']}"
 
 
 def _gfx90a_runs(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:

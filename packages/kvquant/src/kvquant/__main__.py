@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--jobs", type=int, default=None, help="compile processes (default: cores)")
     build.add_argument("--table", action="store_true", help="print every cell's resource use")
+    build.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the result")
     return parser
 
 
@@ -55,6 +56,10 @@ def _build(args: argparse.Namespace) -> int:
     """``kvquant build``: exit 1 when a cell fails or a gate fails, 2 on bad input."""
     from .build import build, format_report
 
+    problem = output_problem(args.json, "--json", folder=False) if args.json is not None else None
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         result = build(
             args.target or ["gfx90a"],
@@ -67,7 +72,21 @@ def _build(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(format_report(result, table=args.table))
+    if args.json is not None and not _write_json(args.json, result.to_dict()):
+        return 2
     return 0 if result.passed else 1
+
+
+def _write_json(path: Path, data: object) -> bool:
+    """Write ``data`` to ``path``; False, with the error on stderr, when it cannot be written
+    (the report printed before still holds the results)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    except OSError as error:
+        print(f"error: cannot write --json {path}: {error.strerror}", file=sys.stderr)
+        return False
+    return True
 
 
 def _use_interpreter_if_cpu(device: str | None) -> None:
@@ -119,14 +138,8 @@ def main(argv: Sequence[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(_table(result))
-    if args.json is not None:
-        try:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            text = json.dumps(result.to_dict(), indent=2) + "\n"
-            args.json.write_text(text, encoding="utf-8")
-        except OSError as error:  # the table above still holds the results
-            print(f"error: cannot write --json {args.json}: {error.strerror}", file=sys.stderr)
-            return 2
+    if args.json is not None and not _write_json(args.json, result.to_dict()):
+        return 2
     return 0 if result.passed else 1
 
 

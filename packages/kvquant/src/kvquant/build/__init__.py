@@ -14,18 +14,23 @@ from ._matrix import GATES, load_matrix, parse_matrix
 from ._report import format_report
 from ._result import BuildGate, BuildResult
 from ._targets import TARGETS
+from ._tritons import TARGET_TRITON_ENV, TritonBuild, TritonBuilds, build_tritons
 
 __all__ = [
     "BUILD_FORMAT",
     "GATES",
     "TARGETS",
+    "TARGET_TRITON_ENV",
     "ArtifactError",
     "BuildError",
     "BuildGate",
     "BuildResult",
     "MatrixFileError",
+    "TritonBuild",
+    "TritonBuilds",
     "UnknownTargetError",
     "build",
+    "build_tritons",
     "cdna2_waves_per_simd",
     "default_cache_dir",
     "diff_manifests",

@@ -308,10 +308,7 @@ def build(
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise BuildError("TRITON_INTERPRET is set; `kvquant build` needs compiled Triton")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    try:
-        triton_version = importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
-        raise BuildError("Triton is not installed") from None
+    triton_version = installed_triton()
     sources = _sources_digest(parsed.specs.split(":")[0])
     names = [t.name for t in resolved]
     plan_key = _digest(
@@ -372,7 +369,16 @@ def build(
         compared_with=str(previous_path) if previous_path is not None else None,
         elapsed_s=round(time.perf_counter() - started, 3),
         cached=cached,
+        triton_version=triton_version,
     )
+
+
+def installed_triton() -> str:
+    """The release of the Triton this process imports."""
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        raise BuildError("Triton is not installed") from None
 
 
 def _read_plan(path: Path) -> list[dict[str, Any]] | None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ DEFAULT_MATRIX = "default_matrix.toml"
 MODEL_DTYPES = ("fp16", "bf16")
 CACHE_DTYPES = ("int8", "model")  # "model": the 16-bit cache, in the model dtype
 _INT_AXES = ("head_size", "block_size", "gqa")
+_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 _OPTIONAL_AXES = ("kernels", "num_warps", "num_stages")
 # Gate name -> (manifest field, operator). A cell without the field (e.g. no occupancy on
 # sm90) is not gated by it.
@@ -44,6 +46,10 @@ class Matrix:
     num_warps: tuple[int, ...]  # empty: each spec's own
     num_stages: tuple[int, ...]
     gates: dict[str, int]
+    # The Triton release the gfx90a target runs, and where that is stated; the shipped default
+    # matrix declares it, and another matrix inherits it unless it declares its own `[triton]`.
+    target_triton: str | None = None
+    target_triton_source: str | None = None
 
     def points(self) -> list[dict[str, Any]]:
         """Every combination of the axes, as keyword arguments of ``aot_specs`` (dtype names)."""
@@ -84,9 +90,9 @@ def parse_matrix(text: str, source: str) -> Matrix:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise _fail(source, f"not valid TOML: {error}") from None
-    unknown = set(data) - {"specs", "axes", "gates"}
+    unknown = set(data) - {"specs", "axes", "gates", "triton"}
     if unknown:
-        raise _fail(source, f"unknown keys {sorted(unknown)}; expected specs, axes, gates")
+        raise _fail(source, f"unknown keys {sorted(unknown)}; expected specs, axes, gates, triton")
     specs = data.get("specs", "kvquant.ops:aot_specs")
     if not isinstance(specs, str) or specs.count(":") != 1:
         raise _fail(source, f"`specs` is {specs!r}; expected 'module:function'")
@@ -105,6 +111,18 @@ def parse_matrix(text: str, source: str) -> Matrix:
     for name, threshold in gates.items():
         if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0:
             raise _fail(source, f"`gates.{name}` is {threshold!r}; expected an integer >= 0")
+    triton = data.get("triton")
+    if triton is not None and (
+        not isinstance(triton, dict)
+        or set(triton) != {"target", "source"}
+        or not all(isinstance(v, str) and v for v in triton.values())
+        or not _VERSION.fullmatch(triton["target"])
+    ):
+        raise _fail(
+            source,
+            f'`[triton]` is {triton!r}; expected a release `target` (e.g. "3.6.0") and the '
+            "`source` that states it",
+        )
     return Matrix(
         source=source,
         text=text,
@@ -118,18 +136,33 @@ def parse_matrix(text: str, source: str) -> Matrix:
         num_warps=_int_list(source, axes, "num_warps", required=False),
         num_stages=_int_list(source, axes, "num_stages", required=False),
         gates=dict(gates),
+        target_triton=triton["target"] if triton else None,
+        target_triton_source=triton["source"] if triton else None,
     )
 
 
+def _default_matrix() -> Matrix:
+    resource = resources.files("kvquant.build").joinpath(DEFAULT_MATRIX)
+    return parse_matrix(resource.read_text(encoding="utf-8"), f"kvquant/build/{DEFAULT_MATRIX}")
+
+
 def load_matrix(path: Path | None) -> Matrix:
-    """The matrix at ``path``, or the default one shipped with kvquant."""
+    """The matrix at ``path``, or the default one shipped with kvquant. A matrix without a
+    `[triton]` table takes the default matrix's target Triton."""
     if path is None:
-        resource = resources.files("kvquant.build").joinpath(DEFAULT_MATRIX)
-        return parse_matrix(resource.read_text(encoding="utf-8"), f"kvquant/build/{DEFAULT_MATRIX}")
+        return _default_matrix()
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise MatrixFileError(f"matrix file {path}: {error.strerror}") from None
     except UnicodeDecodeError:
         raise MatrixFileError(f"matrix file {path} is not UTF-8 text") from None
-    return parse_matrix(text, str(path))
+    parsed = parse_matrix(text, str(path))
+    if parsed.target_triton is not None:
+        return parsed
+    default = _default_matrix()
+    return replace(
+        parsed,
+        target_triton=default.target_triton,
+        target_triton_source=default.target_triton_source,
+    )

@@ -70,6 +70,7 @@ class BuildResult:
     compared_with: str | None
     elapsed_s: float
     cached: int
+    triton_version: str = ""
 
     RECORD_TABLES: ClassVar[tuple[str, ...]] = ("resources", "resource-diff")
 
@@ -92,6 +93,7 @@ class BuildResult:
             "compared_with": self.compared_with,
             "elapsed_s": self.elapsed_s,
             "cached": self.cached,
+            "triton_version": self.triton_version,
         }
 
     @classmethod
@@ -105,6 +107,7 @@ class BuildResult:
             compared_with=data["compared_with"],
             elapsed_s=data["elapsed_s"],
             cached=data["cached"],
+            triton_version=data.get("triton_version", ""),
         )
 
     def record_parts(self) -> RecordParts:
@@ -130,7 +133,7 @@ class BuildResult:
             for d in self.diff
         ]
         tables = (
-            RecordTable(RESOURCE_COLUMNS, _resource_rows(self.cells)),
+            RecordTable(RESOURCE_COLUMNS, resource_rows(self.cells)),
             RecordTable(DIFF_COLUMNS, diff_rows, baseline_found=compared),
         )
         return RecordParts(
@@ -154,7 +157,7 @@ class BuildResult:
         )
 
 
-def _resource_rows(cells: Iterable[ManifestCell]) -> list[list[Scalar]]:
+def resource_rows(cells: Iterable[ManifestCell]) -> list[list[Scalar]]:
     """One row per (target, kernel, cache): the worst cell of each, so the table stays short."""
     groups: dict[tuple[str, str, str], list[ManifestCell]] = defaultdict(list)
     for cell in cells:
