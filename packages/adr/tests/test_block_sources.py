@@ -60,6 +60,8 @@ def test_every_missing_table_of_every_stage_is_named() -> None:
         "among its tables (none)",
         "block `kvquant-resource-diff` reads table `resource-diff` of stage `kernels`, which is "
         "not among its tables (none)",
+        "block `kvquant-specializations` reads table `specializations` of stage `kernels`, which "
+        "is not among its tables (none)",
         "block `kvbench-capacity` reads table `capacity` of stage `throughput`, which is not "
         "among its tables (`kernels`)",
         "block `kvbench-e2e` reads table `e2e` of stage `throughput`, which is not among its "

@@ -10,10 +10,12 @@ from __future__ import annotations
 from adrkit._audit_blocks import AUDIT_BLOCKS
 from adrkit._kernel_blocks import KERNEL_BLOCKS
 from adrkit._stage_renderer import Renderer, render_record_table
+from adrkit._throughput_blocks import THROUGHPUT_BLOCKS
 
 BLOCKS: dict[str, Renderer] = {
     **AUDIT_BLOCKS,
     **KERNEL_BLOCKS,
+    **THROUGHPUT_BLOCKS,
     "kvquant-correctness": render_record_table(
         "kvquant-correctness", "no-cases", verbatim=frozenset({"verdict"})
     ),
@@ -25,9 +27,6 @@ BLOCKS: dict[str, Renderer] = {
     ),
     "kvbench-accuracy": render_record_table("kvbench-accuracy", "no-rows"),
     "kvbench-divergence": render_record_table("kvbench-divergence", "no-rows"),
-    "kvbench-kernel-throughput": render_record_table(
-        "kvbench-kernel-throughput", "no-rows", verbatim=frozenset({"verdict"})
-    ),
     "kvbench-capacity": render_record_table("kvbench-capacity", "no-rows"),
     "kvbench-e2e": render_record_table("kvbench-e2e", "no-rows", verbatim=frozenset({"verdict"})),
 }

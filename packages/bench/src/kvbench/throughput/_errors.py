@@ -25,3 +25,8 @@ class HistoryError(ThroughputError, RuntimeError):
 
 class OutputError(ThroughputError, OSError):
     """The output folder or the ``--json`` file cannot be written; checked before any cell runs."""
+
+
+class BaselineUnavailableError(ThroughputError, RuntimeError):
+    """A baseline kernel cannot run here (no upstream vLLM to import, no CUDA for SDPA flash):
+    its cell is "not measured", and the message says why. Never a failure of the run."""

@@ -191,7 +191,7 @@ class History:
 
     def runs(self, limit: int) -> list[dict[str, Any]]:
         """The newest ``limit`` runs, newest first, with their result counts."""
-        failed = sa.func.sum(sa.case((RESULTS.c.status != "ok", 1), else_=0))
+        failed = sa.func.sum(sa.case((RESULTS.c.status == "failed", 1), else_=0))
         query = (
             sa.select(
                 RUNS.c.id,

@@ -1,10 +1,14 @@
-"""The kernel driver: kvquant's cache write, decode and prefill attention, INT8 against 16-bit.
+"""The kernel driver: kvquant's cache write, decode and prefill attention, INT8 against 16-bit,
+and the baselines beside them (`_upstream`: upstream vLLM's Triton kernels, SDPA flash).
 
 Every cell builds its inputs with ``kvquant.timing.random_sequences`` (a paged cache of random,
 non-zero data, every page once in a shuffled block table), times the kernel, and reports the bytes
 it must move, the bandwidth that achieves and its fraction of the device copy bandwidth measured
-in the same run. INT8 cells also get the ratio of their bytes to the 16-bit cell's of the same op
-and shape and, when both were timed, their speed-up over it.
+in the same run. That copy bandwidth counts the bytes a copy reads and writes, while a decode only
+reads: a decode that reads at the memory's full speed shows a fraction a little above 1. INT8
+cells also get the ratio of their bytes to the 16-bit cell's of the same op and shape. Each of
+kvquant's cells gets its speed-up over each timed baseline of the same op and shape: its 16-bit
+twin (INT8 cells), upstream's bf16 and INT8 kernels, SDPA flash (the baseline's time over its own).
 
 On a GPU the cells are timed as kvquant's benchmarks time the same shapes (``kvquant.timing``:
 every call after a read that clears the L2; decode and prefill as replayed CUDA graphs, the cache
@@ -23,8 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._errors import BaselineUnavailableError
 from ._matrix import KernelCell, KernelShape
 from ._measurement import INTERPRETER_CHECK, TIMED
+from ._upstream import load_upstream, sdpa_call, upstream_call
 
 if TYPE_CHECKING:
     import torch
@@ -220,9 +226,37 @@ def _prefill(cell: KernelCell, setup: _Setup) -> _Call:
 _OPS = {"cache_write": _cache_write, "decode": _decode, "prefill": _prefill}
 
 
+def _call(cell: KernelCell, device: str) -> _Call:
+    """The cell's kernel call: kvquant's, or its baseline's, which may be unavailable here."""
+    if cell.impl == "sdpa":
+        _, activation = _dtypes(cell)
+        return _Call(sdpa_call(cell, activation, device), graphable=True)
+    setup = _Setup(cell, device)
+    if cell.impl == "vllm":
+        fn, graphable = upstream_call(cell, setup.sequences, setup.activation, device)
+        return _Call(fn, graphable)
+    return _OPS[cell.op](cell, setup)
+
+
+def baseline_version(impl: str) -> str | None:
+    """What a baseline cell ran, by name and version; None for kvquant's own cells."""
+    if impl == "vllm":
+        found = load_upstream()
+        return None if isinstance(found, str) else found.version
+    if impl == "sdpa":
+        import torch
+
+        return f"PyTorch {torch.__version__} SDPA flash"
+    return None
+
+
 def run_kernel_cell(cell: KernelCell, device: str, copy_gbs: float) -> dict[str, Any]:
-    """Time one kernel cell; returns the cell's result fields (status "ok")."""
-    call = _OPS[cell.op](cell, _Setup(cell, device))
+    """Time one kernel cell; returns the cell's result fields (status "ok", or "not-measured"
+    with why for a baseline that cannot run here)."""
+    try:
+        call = _call(cell, device)
+    except BaselineUnavailableError as why:
+        return {"status": "not-measured", "error": str(why), "device": device}
     times, method = _times_ms(call, device, cell.shape)
     median = statistics.median(times)
     moved = moved_bytes(cell)
@@ -240,27 +274,48 @@ def run_kernel_cell(cell: KernelCell, device: str, copy_gbs: float) -> dict[str,
         "timing_method": method,
         "measurement": measurement,
         "functional_check": measurement != TIMED,
+        "baseline": baseline_version(cell.impl),
     }
 
 
-def add_int8_ratios(cells: list[dict[str, Any]]) -> None:
-    """Give each INT8 kernel cell the 16-bit cell of the same op and shape as its baseline:
-    ``bytes_vs_16bit``, its bytes over the baseline's (what a token costs, measured or not), and
-    ``speedup_vs_16bit``, the baseline's time over its own, only when both were timed (None
-    otherwise: a functional check's time is no speed)."""
+# A kvquant cell's speed-up over each baseline: its field, and the baseline's (impl, cache).
+SPEEDUPS = {
+    "speedup_vs_16bit": ("kvquant", "16-bit"),
+    "speedup_vs_upstream_bf16": ("vllm", "16-bit"),
+    "speedup_vs_upstream_int8": ("vllm", "int8"),
+    "speedup_vs_sdpa": ("sdpa", "16-bit"),
+}
+
+
+def add_ratios(cells: list[dict[str, Any]]) -> None:
+    """Give each of kvquant's kernel cells its baselines of the same op and shape: for an INT8
+    cell, ``bytes_vs_16bit``, its bytes over its 16-bit twin's (what a token costs, measured or
+    not); for every kvquant cell each `SPEEDUPS` field, the baseline's time over its own, only when
+    both were timed (None otherwise: a functional check's time is no speed, and a baseline not
+    measured is none). An INT8 cell has no 16-bit speed-up over itself, nor a 16-bit one over an
+    INT8 baseline."""
 
     def shape(cell: dict[str, Any]) -> tuple[Any, ...]:
         return (cell["op"], cell["heads"], cell["batch"], cell["context"], cell["prefix"])
 
+    def kind(cell: dict[str, Any]) -> tuple[str, str]:
+        return cell.get("impl", "kvquant"), "int8" if cell["cache_dtype"] == "int8" else "16-bit"
+
     ok = [c for c in cells if c["kind"] == "kernel" and c["status"] == "ok"]
-    sixteen_bit = {shape(c): c for c in ok if c["cache_dtype"] != "int8"}
+    baselines = {(kind(c), shape(c)): c for c in ok}
     for cell in ok:
-        if cell["cache_dtype"] != "int8":
+        impl, cache = kind(cell)
+        if impl != "kvquant":
             continue
-        cell["bytes_vs_16bit"] = cell["speedup_vs_16bit"] = None
-        baseline = sixteen_bit.get(shape(cell))
-        if baseline is None:
-            continue
-        cell["bytes_vs_16bit"] = cell["bytes"] / baseline["bytes"]
-        if not (baseline["functional_check"] or cell["functional_check"]):
-            cell["speedup_vs_16bit"] = baseline["value"] / cell["value"]
+        if cache == "int8":
+            twin = baselines.get((("kvquant", "16-bit"), shape(cell)))
+            cell["bytes_vs_16bit"] = twin and cell["bytes"] / twin["bytes"]
+        for field, wanted in SPEEDUPS.items():
+            cell[field] = None
+            if wanted == ("kvquant", cache) or (cache == "16-bit" and wanted[1] == "int8"):
+                continue
+            baseline = baselines.get((wanted, shape(cell)))
+            if baseline is not None and not (
+                baseline["functional_check"] or cell["functional_check"]
+            ):
+                cell[field] = baseline["value"] / cell["value"]

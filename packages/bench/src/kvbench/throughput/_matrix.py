@@ -89,10 +89,12 @@ class CapacitySettings:
 
 @dataclass(frozen=True)
 class KernelCell:
-    """One kvquant kernel at one shape and cache dtype.
+    """One kernel at one shape and cache dtype: kvquant's, or a baseline timed beside it.
 
     ``context`` is every sequence's length in tokens. ``prefix`` (prefill only) is how many of
     them were cached before: a chunked prefill of ``context - prefix`` new tokens per sequence.
+    ``impl`` is whose kernel runs (`KERNEL_IMPLS`): kvquant's, upstream vLLM's Triton kernels, or
+    PyTorch's SDPA flash (a prefill over a dense 16-bit K and V).
     """
 
     op: str
@@ -101,6 +103,7 @@ class KernelCell:
     context: int
     prefix: int
     shape: KernelShape
+    impl: str = "kvquant"
 
     kind = "kernel"
     metric = "time_ms"
@@ -115,15 +118,18 @@ class KernelCell:
     @property
     def name(self) -> str:
         s = self.shape
-        # The prefix only when there is one: names are history keys, and older runs have none.
+        # The prefix and a baseline's impl only when there are: names are history keys, and
+        # kvquant's cells of older runs have neither.
         prefix = f" prefix={self.prefix}" if self.prefix else ""
+        impl = "" if self.impl == "kvquant" else f"{self.impl} "
         return (
-            f"{self.op} {self.cache_dtype} batch={self.batch} context={self.context}{prefix} "
+            f"{impl}{self.op} {self.cache_dtype} batch={self.batch} context={self.context}{prefix} "
             f"heads={self.heads} block={s.block_size}"
         )
 
     def params(self) -> dict[str, Any]:
         return {
+            "impl": self.impl,
             "op": self.op,
             "heads": self.heads,
             "cache_dtype": self.cache_dtype,
@@ -214,6 +220,7 @@ _KERNEL_KEYS: dict[str, tuple[type, object]] = {
     "prefix": (int, 0),
     # "Q/KVxD" (query heads / kv heads x head size); "" keeps `kernel_shape`'s.
     "heads": (str, ""),
+    "impl": (str, "kvquant"),
 }
 _HEADS = re.compile(r"(\d+)/(\d+)x(\d+)")
 _E2E_KEYS: dict[str, tuple[type, object]] = {
@@ -229,6 +236,9 @@ _E2E_KEYS: dict[str, tuple[type, object]] = {
     "extra_args": (list, []),
 }
 _KERNEL_OPS = ("cache_write", "decode", "prefill")
+# Whose kernel a cell times: kvquant's; upstream vLLM's Triton kernels (`_upstream`); PyTorch's
+# SDPA flash, which attends over a dense 16-bit K and V: a prefill baseline only.
+KERNEL_IMPLS = ("kvquant", "vllm", "sdpa")
 _E2E_BENCHES = ("throughput", "latency")
 _TOP_KEYS = {"name", "gates", "engine", "kernel_shape", "capacity", "kernel", "e2e"}
 # Every other number is a count, a size or a duration and must be > 0: vLLM's -O0 is a
@@ -346,6 +356,18 @@ def parse_matrix(text: str, source: str) -> Matrix:
                     f"kernel[{index}].prefix",
                     f"is {combo['prefix']}; expected less than `context` ({combo['context']}), "
                     "so that the prefill has new tokens",
+                )
+            if combo["impl"] not in KERNEL_IMPLS:
+                raise reader.fail(
+                    f"kernel[{index}].impl", f"is {combo['impl']!r}; expected one of {KERNEL_IMPLS}"
+                )
+            if combo["impl"] == "sdpa" and (
+                combo["op"] != "prefill" or combo["cache_dtype"] == "int8"
+            ):
+                raise reader.fail(
+                    f"kernel[{index}].impl",
+                    f"is 'sdpa' for a {combo['cache_dtype']} {combo['op']}; SDPA flash is a "
+                    "prefill over a 16-bit cache",
                 )
             heads = combo.pop("heads")
             cell_shape = _with_heads(reader, f"kernel[{index}].heads", shape, heads)

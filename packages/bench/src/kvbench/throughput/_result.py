@@ -19,6 +19,7 @@ Cell = dict[str, Any]
 # Each row says what its figure is ("measurement": timed, or a functional check that is never a
 # speed) and what the history said of it ("judgement", with "history_runs": earlier runs / needed).
 KERNEL_COLUMNS = [
+    "impl",
     "op",
     "heads",
     "cache_dtype",
@@ -32,6 +33,10 @@ KERNEL_COLUMNS = [
     "copy_fraction",
     "bytes_vs_16bit",
     "speedup_vs_16bit",
+    "speedup_vs_upstream_bf16",
+    "speedup_vs_upstream_int8",
+    "speedup_vs_sdpa",
+    "baseline",
     "judgement",
     "history_runs",
     "verdict",
@@ -97,8 +102,10 @@ class ThroughputResult:
 
     @property
     def passed(self) -> bool:
-        """Every cell ran and none regressed."""
-        return all(cell["status"] == "ok" for cell in self.cells) and not self.regressions
+        """Every cell ran (a baseline that cannot run here is not measured, not failed) and none
+        regressed."""
+        ok = ("ok", "not-measured")
+        return all(cell["status"] in ok for cell in self.cells) and not self.regressions
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "results_file"}
@@ -156,8 +163,17 @@ def _cells_table(columns: list[str], cells: list[Cell], min_history: int) -> Rec
             "median_ms": cell["value"],
             # Earlier runs compared with / the runs a judgement needs; None where none was read.
             "history_runs": None if runs is None else f"{runs}/{min_history}",
-            "verdict": "passed" if cell["status"] == "ok" else cell["error"] or "failed",
+            "verdict": _verdict(cell),
         }
         return [computed[c] if c in computed else cell.get(c) for c in columns]
 
     return RecordTable(columns, [row(cell) for cell in cells])
+
+
+def _verdict(cell: Cell) -> str:
+    """passed; a baseline's "not measured: why"; a failed cell's error."""
+    if cell["status"] == "ok":
+        return "passed"
+    if cell["status"] == "not-measured":
+        return f"not measured: {cell['error']}"
+    return str(cell["error"] or "failed")

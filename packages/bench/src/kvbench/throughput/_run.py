@@ -21,7 +21,7 @@ from ._e2e import VLLMEnvironment, check_vllm, run_e2e_cell
 from ._errors import OutputError
 from ._hardware import fingerprint
 from ._history import History, check_history_url, default_history_url
-from ._kernels import add_int8_ratios, copy_bandwidth_gbs, run_kernel_cell, select_device
+from ._kernels import SPEEDUPS, add_ratios, copy_bandwidth_gbs, run_kernel_cell, select_device
 from ._matrix import Cell, E2ECell, KernelCell, Matrix, load_matrix
 from ._model import ModelShape, model_shape, resolve_model
 from ._plots import scaling_plots, trend_plot
@@ -92,7 +92,14 @@ def run_throughput(
         )
         results_file.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
         history.record(result.to_dict(), matrix=spec.name, started_at=started_at)
-        timed = [cell for cell in cells if not cell["functional_check"]]
+        # kvquant's own timed cells (and the end-to-end ones): the baselines are no trend of ours.
+        timed = [
+            cell
+            for cell in cells
+            if cell["status"] == "ok"
+            and not cell["functional_check"]
+            and cell.get("impl", "kvquant") == "kvquant"
+        ]
         trends = {
             cell["name"]: history.recent_values(
                 hardware["key"], cell["name"], cell["metric"], spec.gates.history_runs
@@ -158,7 +165,7 @@ def _run_cells(
         else:
             stored = {"model_dtype": cell.shape.model_dtype}
         results.append({**_blank(cell), **stored, **measured})
-    add_int8_ratios(results)
+    add_ratios(results)
     return results
 
 
@@ -221,22 +228,49 @@ def _capacity(
 
 def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """The figures a decision reads, over the cells that ran: how many were timed and how many
-    were functional checks; the range of the timed INT8 decode's and prefill's speed-up over the
-    16-bit cache (None where no such pair was timed); and the INT8 decode's bytes over the 16-bit
-    one's, which is what a token costs in cache (a fact of the layout: functional checks count)."""
+    were functional checks; for the INT8 decode and prefill, the range of each timed speed-up over
+    a baseline (`SPEEDUPS`: its 16-bit twin, upstream's bf16 and INT8 kernels, SDPA flash) and
+    the cell where it is lowest (None where no such pair was timed); which upstream the baselines
+    ran, or why they were not measured; and the INT8 decode's bytes over the 16-bit one's, which is
+    what a token costs in cache (a fact of the layout: functional checks count)."""
     ok = [cell for cell in cells if cell["status"] == "ok"]
-    int8 = [cell for cell in ok if cell["kind"] == "kernel" and cell["cache_dtype"] == "int8"]
+    int8 = [
+        cell
+        for cell in ok
+        if cell["kind"] == "kernel"
+        and cell["cache_dtype"] == "int8"
+        and cell.get("impl", "kvquant") == "kvquant"
+    ]
     summary: dict[str, Any] = {
         "cells_timed": sum(not cell["functional_check"] for cell in ok),
         "cells_functional_check": sum(cell["functional_check"] for cell in ok),
     }
     for op in ("decode", "prefill"):
-        speedups = [c["speedup_vs_16bit"] for c in int8 if c["op"] == op and c["speedup_vs_16bit"]]
-        summary[f"{op}_speedup_vs_16bit_min"] = min(speedups, default=None)
-        summary[f"{op}_speedup_vs_16bit_max"] = max(speedups, default=None)
+        for field in SPEEDUPS:
+            if field == "speedup_vs_sdpa" and op != "prefill":
+                continue  # SDPA flash is a prefill baseline only
+            found = [c for c in int8 if c["op"] == op and c.get(field)]
+            weakest = min(found, key=lambda c: c[field], default=None)
+            summary[f"{op}_{field}_min"] = weakest[field] if weakest else None
+            summary[f"{op}_{field}_max"] = max((c[field] for c in found), default=None)
+            summary[f"{op}_{field}_weakest"] = shape_label(weakest) if weakest else None
+    for impl in ("vllm", "sdpa"):
+        ran = [c for c in ok if c["kind"] == "kernel" and c.get("impl") == impl]
+        missing = [c for c in cells if c.get("impl") == impl and c["status"] == "not-measured"]
+        summary[f"baseline_{impl}"] = ran[0]["baseline"] if ran else None
+        summary[f"baseline_{impl}_not_measured"] = missing[0]["error"] if missing else None
     ratios = [c["bytes_vs_16bit"] for c in int8 if c["op"] == "decode" and c["bytes_vs_16bit"]]
     summary["int8_bytes_per_token_vs_16bit"] = max(ratios, default=None)
     return summary
+
+
+def shape_label(cell: dict[str, Any]) -> str:
+    """A kernel cell's shape in a few words: heads, then batch x context, or for a chunked
+    prefill batch x (cached + new tokens)."""
+    tokens = cell["context"]
+    if cell["op"] == "prefill":
+        tokens = f"({cell['prefix']} + {cell['context'] - cell['prefix']})"
+    return f"{cell['heads']} {cell['batch']} x {tokens}"
 
 
 def _judge(
@@ -254,8 +288,8 @@ def _judge(
     for cell in cells:
         if cell["status"] != "ok":
             continue
-        if cell["functional_check"]:
-            cell["judgement"] = NOT_JUDGED
+        if cell["functional_check"] or cell.get("impl", "kvquant") != "kvquant":
+            cell["judgement"] = NOT_JUDGED  # a reference path, or a baseline: never ours to flag
             continue
         earlier = history.recent_values(
             hardware_key, cell["name"], cell["metric"], spec.gates.history_runs
