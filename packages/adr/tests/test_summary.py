@@ -75,6 +75,7 @@ def accuracy(ended_at: str = "2026-12-01T11:00:00Z", controls_failed: int = 0) -
             "divergence_same_top1": 0.9871,
             "divergence_ppl_ratio": 1.0012,
             "divergence_controls_failed": controls_failed,
+            "divergence_corpus": "lambada-passages",
         },
         tables={},
         gates=[Gate.judge("divergence int8 (kernels) mean KLD", 0.00123, "<=", 0.01)],
@@ -127,6 +128,7 @@ def test_the_summarys_figures_are_the_records_own() -> None:
     assert prefill[1] == "≥ 0.74× our 16-bit" and prefill[-1] == "failed"
     divergence = rows["Accuracy cost: token-level divergence from the 16-bit cache"]
     assert "mean KLD 0.00123 ± 4e-05" in divergence[0] and "16384 positions" in divergence[0]
+    assert divergence[0].endswith("positions, of the corpus `lambada-passages`")
     assert divergence[-1] == "passed"
     tasks = rows["Accuracy cost: paired task scores"]
     assert tasks[1] == "3/4" and tasks[-1] == "inconclusive"
@@ -322,3 +324,31 @@ def test_the_resource_block_shows_each_triton_release_as_its_own_columns() -> No
     assert (
         "| gfx90a | prefill_attention | int8 | 2 | 0 | 216 | 64 | 16384 | 0 | 1 | 0 | 255 |" in zh
     )
+
+
+def test_the_capacity_row_compares_int8_with_a_16_bit_cache_not_the_engines_fp32() -> None:
+    columns = ["kv_cache_dtype", "cache_dtype", "block_size", "max_tokens", "source_kind"]
+    rows: list[list[Scalar]] = [
+        ["auto", "float32", 32, 23296, "computed"],
+        ["int8_per_token_head", "int8", 32, 87712, "computed"],
+        ["bfloat16", "bfloat16", 32, 46592, "computed"],
+        ["auto", "float32", 32, 23296, "engine"],
+        ["int8_per_token_head", "int8", 32, 87712, "engine"],
+    ]
+    record = dataclasses.replace(
+        make_record("throughput"), tables={"capacity": Table(columns, rows)}, metrics={}
+    )
+    row = _rows(render_block("decision-0010", _shown(record), "en"))[
+        "KV capacity at a fixed budget, INT8 against a 16-bit cache"
+    ]
+    assert row[0] == (
+        "INT8 holds 1.88× the tokens of a 16-bit (bfloat16) cache in the same budget (computed: "
+        "87,712 / 46,592); the engine's own auto cache (float32 here): 3.77×"
+    )
+    assert row[1] == "1.88×"
+    # A record computing no 16-bit cache (written before the row existed) answers nothing.
+    older = dataclasses.replace(record, tables={"capacity": Table(columns, rows[:2])})
+    old_row = _rows(render_block("decision-0010", _shown(older), "en"))[
+        "KV capacity at a fixed budget, INT8 against a 16-bit cache"
+    ]
+    assert old_row[1] == "not measured"

@@ -17,6 +17,7 @@ from adrkit._blocks import BLOCKS
 from adrkit._errors import RenderError
 from adrkit._evidence import Evidence, HardwareClasses
 from adrkit._freshness import Sources, stale, stale_note
+from adrkit._labels import label
 from adrkit._markdown import Markdown, code_cell, markdown_table, markdown_text, source_line
 from adrkit._record import Record, Scalar
 from adrkit._stage_renderer import StageRenderer
@@ -97,6 +98,22 @@ def _commit_cell(shown: Shown, record: Record, lang: str) -> Markdown:
     )
 
 
+def render_evidence_sources(shown: Shown, lang: str) -> str:
+    """The source files each stage's records carry the hashes of (sources.toml), by stage."""
+    sets = shown.sources.sets
+    if not sets:
+        return markdown_text(label(lang, "no-sources"))
+    rows: list[list[Scalar]] = [
+        [
+            Markdown(markdown_text(stage)),
+            shown.sources.what(stage, lang),
+            Markdown("<br>".join(code_cell(pattern) for pattern in found.patterns)),
+        ]
+        for stage, found in sets.items()
+    ]
+    return markdown_table(lang, ["stage", "source_set", "source_files"], rows)
+
+
 def _summary(block: str) -> EvidenceRenderer:
     def render(shown: Shown, lang: str) -> str:
         return render_summary(
@@ -108,6 +125,7 @@ def _summary(block: str) -> EvidenceRenderer:
 
 EVIDENCE_BLOCKS: dict[str, EvidenceRenderer] = {
     "pipeline-status": render_pipeline_status,
+    "evidence-sources": render_evidence_sources,
     **{key: _summary(key) for key in SUMMARY_KEYS},
 }
 

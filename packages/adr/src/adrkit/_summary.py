@@ -67,6 +67,7 @@ _LABELS: dict[str, dict[str, str]] = {
         "divergence": (
             "mean KLD {kld}, same top-1 {top1}, perplexity ratio {ppl}, on {positions} positions"
         ),
+        "corpus": ", of the corpus",
         "tasks": "{passed} passed, {inconclusive} inconclusive, {failed} failed of {rows}",
         "correct": "worst error {worst} of its tolerance; {edge} edge cases failed",
         "build": "{cells} cells, {failed} failed; at least {waves} waves per SIMD; {spills} spills",
@@ -79,7 +80,12 @@ _LABELS: dict[str, dict[str, str]] = {
         "block-size": "block {best} is fastest: {figures}",
         "compile": "fastest: {best}; {figures}",
         "int8-e2e": "INT8 end to end at {ratio} the 16-bit throughput ({cells} cells)",
-        "capacity": "INT8 holds {ratio} the tokens of `auto` in the same budget ({tokens})",
+        "capacity": (
+            "INT8 holds {ratio} the tokens of a 16-bit ({dtype}) cache in the same budget "
+            "(computed: {tokens})"
+        ),
+        "capacity-engine": "; the engine's own auto cache ({dtype} here): {ratio}",
+        "why-no-sixteen-bit-row": "no record computes both an INT8 and a 16-bit cache's capacity",
         "fork-same": "yes: {total} files differ, none a vendor change in a risk area",
         "fork-differs": "no: {risk} of {total} differing files are vendor changes in risk areas",
         "stream": "{count} vendor change(s) in stream {stream}",
@@ -113,6 +119,7 @@ _LABELS: dict[str, dict[str, str]] = {
         "parts-separator": "；",
         "figures-separator": "，",
         "divergence": "平均 KLD {kld}，top-1 相同 {top1}，困惑度比 {ppl}，共 {positions} 个位置",
+        "corpus": "，语料",
         "tasks": "共 {rows} 项：{passed} 项通过，{inconclusive} 项无定论，{failed} 项失败",
         "correct": "最大误差为容差的 {worst}；{edge} 个边界用例失败",
         "build": "{cells} 个单元，{failed} 个失败；每 SIMD 至少 {waves} 个波；溢出 {spills}",
@@ -125,7 +132,11 @@ _LABELS: dict[str, dict[str, str]] = {
         "block-size": "块大小 {best} 最快：{figures}",
         "compile": "最快：{best}；{figures}",
         "int8-e2e": "INT8 端到端吞吐为 16 位的 {ratio}（{cells} 个单元）",
-        "capacity": "同一预算下 INT8 容纳的 token 数为 `auto` 的 {ratio}（{tokens}）",
+        "capacity": (
+            "同一预算下 INT8 容纳的 token 数为 16 位（{dtype}）缓存的 {ratio}（计算值：{tokens}）"
+        ),
+        "capacity-engine": "；相对引擎自身的 auto 缓存（此处为 {dtype}）：{ratio}",
+        "why-no-sixteen-bit-row": "没有记录同时计算 INT8 与 16 位缓存的容量",
         "fork-same": "是：{total} 个文件不同，其中没有落入风险区域的厂商改动",
         "fork-differs": "否：{total} 个不同文件中有 {risk} 个是风险区域内的厂商改动",
         "stream": "计划流 {stream} 中有 {count} 个厂商改动",
@@ -341,7 +352,15 @@ def _divergence(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Res
     verdict = _gates_verdict(record, "divergence")
     if record.metrics.get("divergence_controls_failed") != 0:
         verdict = "failed"  # a control that misbehaved voids the measurement
-    return replace(_measured(lang, "divergence", kld, record, **fields), verdict=verdict)
+    found = _measured(lang, "divergence", kld, record, **fields)
+    corpus = record.metrics.get("divergence_corpus")
+    if isinstance(corpus, str):  # which text: the runs' configs choose different corpora
+        found = replace(found, answer=found.answer + _corpus(lang, corpus))
+    return replace(found, verdict=verdict)
+
+
+def _corpus(lang: str, corpus: str) -> str:
+    return markdown_text(summary_label(lang, "corpus")) + " " + code_cell(corpus)
 
 
 def _tasks(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
@@ -526,24 +545,51 @@ def _int8_e2e(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Resul
     return replace(measured, value=min(found))
 
 
-def _capacity(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
-    def ratio(record: Record) -> tuple[float, str] | None:
-        rows = _rows(record.tables.get(_CAPACITY.table), source_kind="engine")
-        auto = {r["block_size"]: r for r in rows if r.get("kv_cache_dtype") == "auto"}
-        for row in rows:
-            base = auto.get(row["block_size"])
-            tokens = _float(row["max_tokens"])
-            base_tokens = _float(base["max_tokens"]) if base is not None else None
-            if row.get("kv_cache_dtype") == _INT8 and tokens and base_tokens:
-                return tokens / base_tokens, f"{tokens:,.0f} / {base_tokens:,.0f}"
-        return None
+_SIXTEEN_BIT = ("bfloat16", "float16")
 
-    record = _newest(evidence, _CAPACITY.stage, lambda r: ratio(r) is not None)
+
+def _capacity(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+    """INT8's tokens over a 16-bit cache's in the same budget, both computed from the model's
+    shape (the engine's own `auto` stores the model's dtype, float32 on a CPU, which would double
+    the ratio); the engine's own ratio, as it reported it, beside it."""
+
+    def computed(record: Record) -> tuple[dict[str, Scalar], dict[str, Scalar]] | None:
+        rows = _rows(record.tables.get(_CAPACITY.table), source_kind="computed")
+        int8 = next((r for r in rows if r.get("kv_cache_dtype") == _INT8), None)
+        sixteen = next((r for r in rows if r.get("cache_dtype") in _SIXTEEN_BIT), None)
+        if int8 is None or sixteen is None or not _float(sixteen["max_tokens"]):
+            return None
+        return int8, sixteen
+
+    record = _newest(evidence, _CAPACITY.stage, lambda r: computed(r) is not None)
     if record is None:
-        return NotMeasured(summary_label(lang, "why-no-rows"))
-    value, tokens = ratio(record) or (0.0, "")
-    measured = _measured(lang, "capacity", _x(value), record, ratio=_x(value), tokens=tokens)
-    return replace(measured, value=value)
+        return NotMeasured(summary_label(lang, "why-no-sixteen-bit-row"))
+    int8, sixteen = computed(record) or ({}, {})
+    tokens, base = _float(int8["max_tokens"]) or 0.0, _float(sixteen["max_tokens"]) or 1.0
+    value = tokens / base
+    fields = {
+        "ratio": _x(value),
+        "dtype": str(sixteen["cache_dtype"]),
+        "tokens": f"{tokens:,.0f} / {base:,.0f}",
+    }
+    text = summary_label(lang, "capacity", **fields)
+    engine = _engine_capacity(record)
+    if engine is not None:
+        text += summary_label(lang, "capacity-engine", ratio=_x(engine[0]), dtype=engine[1])
+    return Measured(markdown_text(text), _x(value), record, value=value)
+
+
+def _engine_capacity(record: Record) -> tuple[float, str] | None:
+    """INT8's tokens over the engine's `auto` cache's, as the engine reported both."""
+    rows = _rows(record.tables.get(_CAPACITY.table), source_kind="engine")
+    auto = {r["block_size"]: r for r in rows if r.get("kv_cache_dtype") == "auto"}
+    for row in rows:
+        base = auto.get(row["block_size"])
+        tokens = _float(row["max_tokens"])
+        base_tokens = _float(base["max_tokens"]) if base is not None else None
+        if row.get("kv_cache_dtype") == _INT8 and tokens and base_tokens and base is not None:
+            return tokens / base_tokens, str(base.get("cache_dtype") or "auto")
+    return None
 
 
 def _fork_base(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:

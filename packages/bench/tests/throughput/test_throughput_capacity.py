@@ -90,3 +90,20 @@ def test_auto_stores_the_model_dtype_and_an_unknown_cache_has_no_computed_dtype(
     assert stored_dtype(INT8_KV_CACHE_DTYPE, "float32") == "int8"
     assert stored_dtype("bfloat16", "float32") == "bfloat16"
     assert stored_dtype("int7", "float32") is None
+
+
+def test_an_int8_cache_is_computed_beside_a_16_bit_one_whatever_the_engine_stores() -> None:
+    from kvbench.throughput._run import SIXTEEN_BIT_CACHE, _capacity
+
+    matrix = load_matrix()
+    # The CPU nightly's caches as its cells record them: the fp32 model's `auto`, and INT8.
+    cells = [
+        {"kind": "e2e", "kv_cache_dtype": kv, "cache_dtype": stored, "block_size": 32}
+        for kv, stored in (("auto", "float32"), (INT8_KV_CACHE_DTYPE, "int8"))
+    ]
+    rows = {row["cache_dtype"]: row for row in _capacity(matrix, cells, SMOLLM2)}
+    assert set(rows) == {"float32", "int8", SIXTEEN_BIT_CACHE}
+    # Against the 16-bit cache INT8 replaces, not the fp32 one: (2 * 64) / (64 + 4) per vector.
+    sixteen, int8 = rows[SIXTEEN_BIT_CACHE]["max_tokens"], rows["int8"]["max_tokens"]
+    assert int8 / sixteen == pytest.approx(128 / 68, rel=0.01)
+    assert rows["float32"]["max_tokens"] * 2 == pytest.approx(sixteen, rel=0.01)

@@ -53,22 +53,54 @@ def scaling_plots(cells: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     return written
 
 
+def trend_group(cell: dict[str, Any]) -> str:
+    """The line of the trend chart a cell is drawn in: its kernel and cache, or its benchmark and
+    KV cache dtype; a chart of a line per cell (one per shape and geometry) is unreadable."""
+    if cell["kind"] == "kernel":
+        return f"{cell['op']} {cell['cache_dtype']}"
+    return f"{cell['bench']} {cell['kv_cache_dtype']}"
+
+
 def trend_plot(
-    trends: dict[str, list[tuple[dt.datetime, float]]], out_dir: Path, nights: int
+    trends: dict[str, list[tuple[dt.datetime, float]]],
+    groups: dict[str, str],
+    out_dir: Path,
+    nights: int,
 ) -> Path | None:
-    """Every cell's last ``nights`` values over its own median, on one chart; None if too few."""
+    """Each cell's last ``nights`` values over its own median, one line per group of cells
+    (``groups``: cell name -> group, `trend_group`): the median of its cells at each run, with
+    the band from their lowest to their highest; the legend beside the chart. None if no cell
+    has two values."""
     trends = {name: points for name, points in trends.items() if len(points) > 1}
     if not trends:
         return None
-    plt = _pyplot()
-    figure, ax = plt.subplots(figsize=(9, 5))
-    for name, points in sorted(trends.items()):
+    by_group: dict[str, dict[dt.datetime, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for name, points in trends.items():
         values = sorted(v for _, v in points)
         median = values[len(values) // 2]
-        ax.plot([t for t, _ in points], [v / median for _, v in points], marker=".", label=name)
+        for when, value in points:
+            by_group[groups.get(name, name)][when].append(value / median)
+    plt = _pyplot()
+    figure, ax = plt.subplots(figsize=(9, 5))
+    for group, runs in sorted(by_group.items()):
+        times = sorted(runs)
+        ratios = [sorted(runs[t]) for t in times]
+        middle = [r[len(r) // 2] for r in ratios]
+        count = max(len(r) for r in ratios)
+        (line,) = ax.plot(times, middle, marker="o", label=f"{group} ({count} cells)")
+        ax.fill_between(
+            times,
+            [r[0] for r in ratios],
+            [r[-1] for r in ratios],
+            color=line.get_color(),
+            alpha=0.15,
+        )
     ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set(ylabel="value / the cell's median", title=f"Throughput matrix, last {nights} runs")
-    ax.legend(fontsize="xx-small")
+    ax.set(
+        ylabel="value / the cell's own median",
+        title=f"Throughput matrix, last {nights} runs (line: a group's median cell; band: range)",
+    )
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     figure.autofmt_xdate()
     path = out_dir / "throughput-trend.png"
     figure.savefig(path, dpi=100, bbox_inches="tight")

@@ -24,13 +24,15 @@ from ._history import History, check_history_url, default_history_url
 from ._kernels import SPEEDUPS, add_ratios, copy_bandwidth_gbs, run_kernel_cell, select_device
 from ._matrix import Cell, E2ECell, KernelCell, Matrix, load_matrix
 from ._model import ModelShape, model_shape, resolve_model
-from ._plots import scaling_plots, trend_plot
+from ._plots import scaling_plots, trend_group, trend_plot
 from ._regression import HISTORY_TOO_SHORT, NOT_JUDGED, judge
 from ._result import ThroughputResult
 
 # Whether a larger value of a metric is an improvement.
 HIGHER_IS_BETTER = {"tokens_per_s": True, "time_ms": False, "latency_s": False}
 RESULTS_FILE = "throughput.json"
+# The 16-bit cache INT8's capacity is compared with.
+SIXTEEN_BIT_CACHE = "bfloat16"
 
 
 def run_throughput(
@@ -107,7 +109,8 @@ def run_throughput(
             for cell in timed
         }
         plots = scaling_plots(timed, out_dir)
-        trend = trend_plot(trends, out_dir, spec.gates.history_runs)
+        groups = {cell["name"]: trend_group(cell) for cell in timed}
+        trend = trend_plot(trends, groups, out_dir, spec.gates.history_runs)
         result = dataclasses.replace(
             result,
             plots=[str(p) for p in (*plots, *([trend] if trend else []))],
@@ -200,11 +203,16 @@ def _capacity(
     spec: Matrix, cells: list[dict[str, Any]], shape: ModelShape | None
 ) -> list[dict[str, Any]]:
     """Computed rows for each cache the end-to-end cells run, in the dtype the engine stores it
-    in, then one engine row per (KV cache dtype, stored dtype, block size) the engine logged."""
+    in (and a bfloat16 cache's, beside an INT8 one), then one engine row per (KV cache dtype,
+    stored dtype, block size) the engine logged."""
     e2e = [cell for cell in cells if cell["kind"] == "e2e"]
     rows: list[dict[str, Any]] = []
     if shape is not None:
         caches = {(c["kv_cache_dtype"], c["cache_dtype"]): None for c in e2e if c["cache_dtype"]}
+        if any(cache == "int8" for _, cache in caches):
+            # What INT8 replaces is a 16-bit cache, whatever the engine's own stores here (float32
+            # on the CPU nightly): its row is computed for the comparison a decision reads.
+            caches.setdefault((SIXTEEN_BIT_CACHE, SIXTEEN_BIT_CACHE), None)
         rows += computed_capacity(shape, spec.capacity, list(caches))
     seen = set()
     for cell in e2e:
