@@ -89,8 +89,8 @@ def test_each_triton_build_is_its_own_column_set_and_the_gates_judge_the_targets
     assert releases == {TARGET: "target", record.metrics["triton_newest"]: "newest"}
     block = render_block("kvquant-resources", {STAGE: record}, "en")
     assert f"_The gfx90a target runs Triton {TARGET}: `vLLM 0.18.1 requirements" in block
-    assert f"VGPRs, NVIDIA: registers (max) · Triton {TARGET} (the target's)" in block
-    assert "· Triton 3.9.0 (newest installed)" in block
+    assert f"VGPRs, NVIDIA: registers (max) · Triton {TARGET} (target)" in block
+    assert "· Triton 3.9.0 (newest)" in block
     shapes = render_block("kvquant-specializations", {STAGE: record}, "en")
     assert "| gfx90a | reduce_splits | — | `HEAD_SIZE" not in shapes  # the reducer has no head size
     assert "| gfx90a | reduce_splits | — | `SPLIT_TILE=16 warps=4 stages=1` | 1 |" in shapes

@@ -319,8 +319,8 @@ def test_the_gfx90a_row_judges_the_targets_triton_and_names_the_weakest_cell() -
 def test_the_resource_block_shows_each_triton_release_as_its_own_columns() -> None:
     zh = render_block("kvquant-resources", {"kernels": _two_releases()}, "zh")
     assert zh.startswith("_gfx90a 目标运行 Triton 3.6.0： `vLLM 0.18.1 requirements")
-    assert "VGPR，NVIDIA 为寄存器（最大） · Triton 3.6.0（目标所用）" in zh
-    assert "每 SIMD 波数（最小） · Triton 3.9.0（已安装的最新版）" in zh
+    assert "VGPR，NVIDIA 为寄存器（最大） · Triton 3.6.0（目标）" in zh
+    assert "每 SIMD 波数（最小） · Triton 3.9.0（最新）" in zh
     assert (
         "| gfx90a | prefill_attention | int8 | 2 | 0 | 216 | 64 | 16384 | 0 | 1 | 0 | 255 |" in zh
     )

@@ -91,11 +91,10 @@ def _commit_cell(shown: Shown, record: Record, lang: str) -> Markdown:
     """The record's commit, and its stale note when its sources changed since."""
     commit = code_cell((record.provenance.repo_commit or "unknown")[:12])
     found = stale(record, shown.sources)
-    return (
-        commit
-        if found is None
-        else Markdown(f"{commit} ({stale_note(found, shown.sources, lang)})")
-    )
+    if found is None:
+        return commit
+    note = stale_note(found, shown.sources, lang)
+    return Markdown(label(lang, "with-note", text=commit, note=note))
 
 
 def render_evidence_sources(shown: Shown, lang: str) -> str:

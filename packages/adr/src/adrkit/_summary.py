@@ -30,6 +30,7 @@ from adrkit._evidence import (
 )
 from adrkit._files import FileReadError, read_capped
 from adrkit._freshness import Sources, load_sources, stale, stale_note
+from adrkit._labels import label
 from adrkit._markdown import Markdown, code_cell, markdown_table, markdown_text
 from adrkit._record import Gate, Record, Scalar, Table
 
@@ -107,13 +108,13 @@ _LABELS: dict[str, dict[str, str]] = {
             "INT8 更快的倍数（基线耗时与 INT8 耗时之比，所有计时单元中的最低至最高）：{parts}"
         ),
         "speedup-over": "相对{baseline} {span}{cell}",
-        "speedup-missing": "相对{baseline}未测量：{why}",
+        "speedup-missing": "相对{baseline} 未测量：{why}",
         "weakest-cell": "（最低：{cell}）",
         "figure-over": "相对{baseline} ≥ {low}",
         "vs-16bit": "我们的 16 位",
         "vs-upstream_bf16": "上游 bf16",
         "vs-upstream_int8": "上游 INT8",
-        "vs-sdpa": "SDPA flash",
+        "vs-sdpa": " SDPA flash",
         "upstream-was": "上游：{version}",
         "why-no-pair": "没有计时的这类单元对",
         "parts-separator": "；",
@@ -804,7 +805,8 @@ def _cells(
     commit = code_cell((record.provenance.repo_commit or "unknown")[:12])
     found = stale(record, sources)
     if found is not None:
-        commit = Markdown(f"{commit} ({stale_note(found, sources, lang)})")
+        note = stale_note(found, sources, lang)
+        commit = Markdown(label(lang, "with-note", text=commit, note=note))
     return [
         question,
         Markdown(row.result.answer),
