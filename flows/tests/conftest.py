@@ -287,9 +287,13 @@ def tiny_accuracy_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def adr_copy(tmp_path: Path) -> Path:
-    """A temporary copy of the project's docs/adr, so tests never touch the real ADRs."""
+    """A temporary copy of the project's docs/adr, so tests never touch the real ADRs; its
+    sources.toml names the repository as the root the records' source hashes are of."""
     target = tmp_path / "adr"
     shutil.copytree(REPO_ROOT / "docs" / "adr", target)
+    sources = target / "sources.toml"
+    text = sources.read_text(encoding="utf-8")
+    sources.write_text(text.replace('root = "../.."', f"root = {str(REPO_ROOT)!r}"), "utf-8")
     return target
 
 
