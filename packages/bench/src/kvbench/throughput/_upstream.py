@@ -38,10 +38,6 @@ if TYPE_CHECKING:
     from ._matrix import KernelCell
 
 UPSTREAM_ENV = "KVBENCH_UPSTREAM_VLLM"
-# The TRITON_ATTN backend's constants: the split-KV path serves up to this many sequences per kv
-# head's worth of programs, with this many segments.
-_MIN_LAUNCH_GRID_SIZE_2D = 128
-_NUM_PAR_SOFTMAX_SEGMENTS = 16
 
 
 def _interpreted_triton() -> None:
@@ -150,12 +146,15 @@ def upstream_call(cell: KernelCell, sequences: Any, activation: torch.dtype, dev
     cu_seqlens_q = torch.arange(cell.batch + 1, device=device, dtype=torch.int32) * new
     split: dict[str, Any] = {}
     if cell.op == "decode":
-        threshold = _MIN_LAUNCH_GRID_SIZE_2D // s.num_kv_heads
-        segments = (threshold, s.num_q_heads, _NUM_PAR_SOFTMAX_SEGMENTS)
+        # The TRITON_ATTN backend's split-KV decode, with its own constants.
+        from kvquant.served import MIN_LAUNCH_GRID_SIZE_2D, NUM_PAR_SOFTMAX_SEGMENTS
+
+        threshold = MIN_LAUNCH_GRID_SIZE_2D // s.num_kv_heads
+        segments = (threshold, s.num_q_heads, NUM_PAR_SOFTMAX_SEGMENTS)
         segm_max = torch.empty(segments, device=device)
         split = {
             "seq_threshold_3D": threshold,
-            "num_par_softmax_segments": _NUM_PAR_SOFTMAX_SEGMENTS,
+            "num_par_softmax_segments": NUM_PAR_SOFTMAX_SEGMENTS,
             "softmax_segm_output": torch.empty(*segments, s.head_size, device=device),
             "softmax_segm_max": segm_max,
             "softmax_segm_expsum": torch.empty_like(segm_max),
