@@ -21,6 +21,8 @@ from kvquant import (
 )
 from kvquant._batch import PagedBatch
 from kvquant.ops import _common
+from kvquant.ops.prefill import kernels as prefill_kernels
+from kvquant.ops.prefill import plan as prefill_plan
 from kvquant.ops.prefill.plan import lay_out_pages, lay_out_tiles
 from kvquant.ops.prefill.workspace import WORKSPACE_BLOCK
 
@@ -120,15 +122,26 @@ def _nan_like(query: torch.Tensor) -> torch.Tensor:
         ([1000], [130], None),  # one long prefix and a chunk
     ],
 )
+@pytest.mark.parametrize("kernel_resets", [True, False])
 def test_one_step_plan_serves_every_layer_as_the_checked_call_does(
     seq_lens: list[int],
     q_lens: list[int],
     window: int | None,
+    kernel_resets: bool,
     device: torch.device,
     gen: torch.Generator,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     """Three layers through one plan and one workspace, against `prefill_attention` per layer:
-    equal bit for bit (the same kernels with the same arguments), through the workspace."""
+    equal bit for bit (the same kernels with the same arguments), through the workspace, whose
+    bounds the prefill zeroes for the next layer (CUDA) or the host does (HIP, `bounds_reset`):
+    a bound left over from another layer would change the workspace's units."""
+    if not kernel_resets:
+        monkeypatch.setattr(prefill_kernels, "bounds_reset", lambda target: False)
+        prefill_kernels.prefill_spec.cache_clear()
+        request.addfinalizer(prefill_kernels.prefill_spec.cache_clear)  # after the patch's undo
+        monkeypatch.setattr(prefill_plan, "_templates", {})
     batch = paged_batch(seq_lens, device, gen, q_lens=q_lens)
     scratch = PrefillScratch(num_kv_heads=2, head_size=64, capacity=64, device=device)
     step = _step(batch, scratch, sliding_window=window)
@@ -141,6 +154,7 @@ def test_one_step_plan_serves_every_layer_as_the_checked_call_does(
             sliding_window=window, out=_nan_like(batch.query),
         )  # fmt: skip
         assert torch.equal(out, expected)
+    assert step.spec.constexprs["RESET_BOUNDS"] is kernel_resets
 
 
 def test_a_step_past_its_workspace_reads_the_int8_pages_itself(

@@ -275,6 +275,7 @@ def _prefill_kernel(
     # workspace's bounds, whose powers of two scale the scores and the output back.
     EXPANDED: tl.constexpr,
     ONE_PAGE: tl.constexpr,  # each KV tile lies in one page (the workspace's, `load_tile`)
+    RESET_BOUNDS: tl.constexpr,  # EXPANDED: zero the bounds at the end (`bounds_reset`)
 ):
     """One (query tile, kv head): block_q query tokens x all ``group`` query heads, causal."""
     kv_head = tl.program_id(1)
@@ -347,7 +348,7 @@ def _prefill_kernel(
         as_output(acc / running_sum[:, None], out_ptr, query_bf16),
         mask=row_valid[:, None] & dim_valid[None, :],
     )
-    if EXPANDED:
+    if EXPANDED and RESET_BOUNDS:
         # The launch's last program to finish zeroes the workspace's bounds (and the count) for
         # the next fill: every program read them before counting itself done. No host memset
         # between layers, and a graph replay starts from zeroed bounds too.
@@ -357,6 +358,14 @@ def _prefill_kernel(
                 tl.store(k_scale_ptr + head, 0)
                 tl.store(v_scale_ptr + head, 0)
             tl.store(fills_done_ptr, 0)
+
+
+def bounds_reset(target: str) -> bool:
+    """Whether the workspace's prefill zeroes the bounds it read (RESET_BOUNDS), else the host
+    zeroes them before each fill. Not on HIP: in the gfx90a build with Triton 3.6 the reset's
+    one more VGPR (193 + 64 AGPRs at head 128) takes the workspace's prefill from 2 waves per
+    SIMD to 1; a memset launch per layer costs CDNA less than half its occupancy."""
+    return target != "hip"
 
 
 def prefill_config(head_size: int, target: str, quantized: bool) -> PrefillConfig:
@@ -398,6 +407,7 @@ def prefill_spec(
     constexprs["WIDEN_PTX"] = target == "cuda"
     constexprs["EXPANDED"] = expanded
     constexprs["ONE_PAGE"] = expanded and WORKSPACE_BLOCK % config.tile_n == 0
+    constexprs["RESET_BOUNDS"] = expanded and bounds_reset(target)
     types = attention_types(
         _prefill_kernel, model_dtype, cache_dtype, out_dtype or model_dtype, expanded=expanded
     )

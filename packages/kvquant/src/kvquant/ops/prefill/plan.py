@@ -181,6 +181,8 @@ class PrefillStepPlan:
     _prefill: BoundLaunch
     _bounds: BoundLaunch | None
     _expand: BoundLaunch | None
+    # The bounds the host zeroes before each fill, where the prefill does not (`bounds_reset`).
+    _bounds_to_zero: torch.Tensor | None = None
 
     @property
     def spec(self) -> KernelSpec:
@@ -228,6 +230,8 @@ class PrefillStepPlan:
         """Expand the layer's INT8 pages into the workspace (nothing unless ``expanded``)."""
         if self.expanded and self.num_tiles:
             assert self._bounds is not None and self._expand is not None
+            if self._bounds_to_zero is not None:
+                self._bounds_to_zero.zero_()
             values = (*cache.launch_pointers, *cache.launch_strides)
             for launch in (self._bounds, self._expand):
                 if not launch.direct(*values):
@@ -323,6 +327,11 @@ def plan_prefill_step(
         _prefill=prefill.rebound(grid, prefill_values),
         _bounds=None if bounds is None else bounds.rebound(fill_grid, fill_values),
         _expand=None if expand is None else expand.rebound(fill_grid, fill_values),
+        _bounds_to_zero=(
+            scratch.bounds
+            if scratch is not None and expanded and not spec.constexprs["RESET_BOUNDS"]
+            else None
+        ),
     )
 
 

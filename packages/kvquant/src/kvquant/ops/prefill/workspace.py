@@ -204,7 +204,8 @@ class PrefillScratch:
         self.cache = cache_from_pages(pages, num_kv_heads, WORKSPACE_BLOCK, head_size)
         # The fp32 bits of each head's largest finite K and V scale, found again on every fill
         # and zeroed again by the prefill that read them (its last program, counted in
-        # ``fills_done``); rows 16-byte aligned, as the kernels' pointers are compiled
+        # ``fills_done``), or by the host before each fill on HIP (`bounds_reset`); rows 16-byte
+        # aligned, as the kernels' pointers are compiled
         # (`KernelSpec.aligned`).
         self.bounds = torch.zeros(2, -(-num_kv_heads // 4) * 4, dtype=torch.int32, device=device)
         self.fills_done = torch.zeros(4, dtype=torch.int32, device=device)
