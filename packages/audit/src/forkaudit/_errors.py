@@ -26,3 +26,15 @@ class RulesFileError(AuditError):
 
     def __str__(self) -> str:
         return f"invalid rules file: {self.args[0]}"
+
+
+class HooksFileError(AuditError):
+    """Raised when the plugin hooks file is invalid."""
+
+    def __str__(self) -> str:
+        return f"invalid hooks file: {self.args[0]}"
+
+
+class HooksError(AuditError):
+    """Raised when the declared hooks cannot be checked against these sides: no release applies
+    to the fork, or the upstream lacks a hook (the file and the upstream do not match)."""

@@ -53,7 +53,21 @@ _CHANGE_FIELDS = ["change", "old_mode", "new_mode", "content", "lines_added", "l
 FINDING_COLUMNS = ["stream", "path", "old_path", "area", *_CHANGE_FIELDS, "keywords", "excerpt"]
 CHANGE_COLUMNS = ["status", "path", "old_path", "category", *_CHANGE_FIELDS, "streams", "origin"]
 LEFT_OUT_COLUMNS = ["path", "side", "code"]
-RECORD_TABLES = ("questions", "findings", "changes", "left-out")
+# A plugin hook: where it lives on each side, how the fork differs, what to do (`_hooks`).
+HOOK_COLUMNS = [
+    "symbol",
+    "kind",
+    "status",
+    "action",
+    "problem",
+    "detail",
+    "upstream_path",
+    "upstream_line",
+    "fork_path",
+    "fork_line",
+    "excerpt",
+]
+RECORD_TABLES = ("questions", "findings", "changes", "left-out", "hooks")
 
 
 def write_reports(report: AuditReport, out_dir: Path) -> dict[str, str]:
@@ -97,6 +111,7 @@ def record_parts(report: AuditReport, artifacts: Mapping[str, str]) -> RecordPar
         "surprise": _scalar(verdict["surprise"]),
         "base_given": _scalar(verdict["base_given"]),
         "large_file_bytes": LARGE_FILE_BYTES,
+        **_hook_metrics(report),
     }
     questions = [
         {"question": answer.question, "answer": answer.answer, **evidence}
@@ -108,9 +123,13 @@ def record_parts(report: AuditReport, artifacts: Mapping[str, str]) -> RecordPar
         _table(FINDING_COLUMNS, [finding.to_dict() for finding in report.findings()]),
         _table(CHANGE_COLUMNS, [file.to_dict() for file in report.files]),
         _table(LEFT_OUT_COLUMNS, report.left_out),
+        _table(HOOK_COLUMNS, [r.to_dict() for r in report.hooks.results] if report.hooks else []),
     )
+    summary = str(verdict["summary"])
+    if report.hooks is not None:
+        summary += f"; {report.hooks.summary()}"
     return RecordParts(
-        summary=str(verdict["summary"]),
+        summary=summary,
         metrics=metrics,
         tables=dict(zip(RECORD_TABLES, tables, strict=True)),
         artifacts=dict(artifacts),
@@ -118,6 +137,18 @@ def record_parts(report: AuditReport, artifacts: Mapping[str, str]) -> RecordPar
 
 
 _ENV_VAR_CHANGES = ("added", "removed", "default_changed")
+
+
+def _hook_metrics(report: AuditReport) -> dict[str, Scalar]:
+    """The hooks check in counts. Without a hooks file none is checked: `plugin_hooks_checked`
+    is 0, which the pipeline's gate refuses, so an audit that skipped the check never passes."""
+    check = report.hooks
+    return {
+        "plugin_hooks_release": check.release if check else None,
+        "plugin_hooks_checked": len(check.results) if check else 0,
+        "plugin_hooks_changed": check.count("changed") if check else 0,
+        "plugin_hooks_missing": check.count("missing") if check else 0,
+    }
 
 
 def _count(value: object) -> int:

@@ -3,12 +3,15 @@
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from forkaudit._artifacts import LEFT_OUT_REASONS
 from forkaudit._questions import Answer, Evidence
 from forkaudit._rules import STREAMS, Group, Rules
 from forkaudit._sources import LARGE_FILE_BYTES
+
+if TYPE_CHECKING:
+    from forkaudit._hooks import HookCheck, HookResult
 
 #: What a change is, as records carry it: the file's change, or a fork file that fails its
 #: RECORD check (`record-` and the problem's code).
@@ -81,6 +84,26 @@ _LABELS = {
         "question": "Question",
         "answer": "Answer",
         "evidence": "Evidence",
+        "hooks": "Plugin hooks",
+        "hooks_of": "{release}, declared in {source}; the fork reports {version}",
+        "symbol": "Symbol",
+        "where_upstream": "Upstream",
+        "fork_status": "Fork",
+        "to_do": "What to do",
+        "hooks_not_checked": "Not checked: no hooks file given (--hooks).",
+        "hook:unchanged": "unchanged",
+        "hook:changed": "changed",
+        "hook:missing": "missing",
+        "do:none": "nothing",
+        "do:review": "review the change; the plugin's guard still accepts it",
+        "do:adapt": "adapt the plugin: its guard refuses this fork",
+        "problem:module-missing": "module {detail} is gone",
+        "problem:name-missing": "{detail} is not defined",
+        "problem:member-missing": "no member {detail}",
+        "problem:unparsable": "{detail} does not parse",
+        "problem:kind-differs": "now a {detail}",
+        "problem:parameters-differ": "takes ({detail})",
+        "problem:value-missing": "lacks {detail}",
     },
     "zh": {
         "fork": "厂商分支",
@@ -128,6 +151,26 @@ _LABELS = {
         "question": "问题",
         "answer": "回答",
         "evidence": "依据",
+        "hooks": "插件挂钩",
+        "hooks_of": "{release}，声明于 {source}；分支报告的版本为 {version}",
+        "symbol": "符号",
+        "where_upstream": "上游位置",
+        "fork_status": "分支",
+        "to_do": "处理",
+        "hooks_not_checked": "未检查：没有给出挂钩文件（--hooks）。",
+        "hook:unchanged": "未改变",
+        "hook:changed": "已改变",
+        "hook:missing": "缺失",
+        "do:none": "无需处理",
+        "do:review": "审阅改动；插件的导入检查仍接受它",
+        "do:adapt": "调整插件：其导入检查会拒绝这个分支",
+        "problem:module-missing": "模块 {detail} 已不存在",
+        "problem:name-missing": "{detail} 未定义",
+        "problem:member-missing": "缺少成员 {detail}",
+        "problem:unparsable": "{detail} 无法解析",
+        "problem:kind-differs": "现在是 {detail}",
+        "problem:parameters-differ": "参数为 ({detail})",
+        "problem:value-missing": "缺少 {detail}",
     },
 }
 
@@ -299,6 +342,8 @@ class AuditReport:
     questions: list[Answer]
     history: dict[str, object]
     patch_bytes: bytes
+    #: The plugin hooks check, when a hooks file was given.
+    hooks: "HookCheck | None" = None
 
     def patch(self) -> str:
         """The full unified patch (with binary hunks), upstream to fork, as `git diff -M`; large
@@ -423,6 +468,7 @@ class AuditReport:
             "questions": [answer.to_dict() for answer in self.questions],
             "history": self.history,
             "verdict": self.verdict(),
+            "hooks": self.hooks.to_dict() if self.hooks is not None else None,
         }
 
     def to_markdown(self, lang: str = "en") -> str:
@@ -464,6 +510,7 @@ class _MarkdownWriter:
         self._verdict()
         self._summary()
         self._questions()
+        self._hooks()
         self._by_area()
         self._large_files()
         self._env_vars()
@@ -515,6 +562,40 @@ class _MarkdownWriter:
         ]
         t = self.t
         self._simple_table(t["questions"], [t["question"], t["answer"], t["evidence"]], rows)
+
+    def _hooks(self) -> None:
+        check, t = self.report.hooks, self.t
+        self.lines.append(f"\n## {t['hooks']}\n")
+        if check is None:
+            self.lines.append(t["hooks_not_checked"])
+            return
+        of = t["hooks_of"].format(
+            release=_code(check.release),
+            source=_code(check.source),
+            version=_code(check.fork_version or "-"),
+        )
+        self.lines.append(f"{of}\n\n**{_escape(check.summary())}**")
+        rows = [
+            [
+                _code(result.hook.symbol),
+                _code(result.upstream),
+                "<br>".join(self._hook_fork(result)),
+                t[f"do:{result.action}"],
+            ]
+            for result in check.results
+        ]
+        self._table([t["symbol"], t["where_upstream"], t["fork_status"], t["to_do"]], rows)
+
+    def _hook_fork(self, result: "HookResult") -> list[str]:
+        """The fork's side of a hook: its status, where it lives if it moved, the problem, and
+        the first changed lines."""
+        t = self.t
+        status = t[f"hook:{result.status}"]
+        if result.fork is not None and result.fork.path != result.upstream.path:
+            status += f" ({_code(result.fork)})"
+        if result.problem is not None:
+            status += ": " + t[f"problem:{result.problem}"].format(detail=_code(result.detail))
+        return [status, *(_code(line) for line in result.excerpt)]
 
     def _by_area(self) -> None:
         t = self.t
