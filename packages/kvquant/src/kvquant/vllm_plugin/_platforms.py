@@ -19,7 +19,6 @@ import importlib
 import importlib.util
 import inspect
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,28 +26,20 @@ from typing import Any
 import torch
 
 from ._errors import IncompatibleVLLMError, UnsupportedConfigError
+from ._guard import Expect as Expect  # re-exported: _impl checks with it too
 from ._kernels import check_kernel_dtype, describe_numerics, numerics_for
 from ._serving import INT8_KV_CACHE_DTYPE, check_attention_layer, check_model, wants_int8
 
 # A child of vLLM's logger, so the line has vLLM's format and goes where vLLM's lines go.
 logger = logging.getLogger("vllm.kvquant")
 
+# As upstream_hooks.toml declares each platform's selector (a test holds them equal): the source
+# checks read the platforms that do not import here.
 SELECTOR_PARAMETERS = ["selected_backend", "attn_selector_config", "num_heads"]
-SELECTOR_FIELDS = (
-    "head_size",
-    "dtype",
-    "kv_cache_dtype",
-    "use_mla",
-    "use_sparse",
-    "has_sink",
-    "attn_type",
-)
 _ORIGINAL_MARK = "_kvquant_original"
 # Backends registered (and announced in the log) by this process: once each, however often
 # vLLM asks or register() runs again.
 _activated: set[str] = set()
-
-Expect = Callable[[bool, str], None]
 
 
 def expect_for(vllm_version: str) -> Expect:
@@ -105,6 +96,13 @@ def current_platform_hook(hooks: dict[str, PlatformHook]) -> PlatformHook | None
         if is_platform():
             return hooks[key]
     return None
+
+
+def other_platform_modules(hooks: dict[str, PlatformHook]) -> set[str]:
+    """The platform modules of ``hooks`` other than the current platform's: each imports only on
+    its own platform, so their declared hooks are checked as source (``check_selector_source``)."""
+    current = current_platform_hook(hooks)
+    return {hook.module for hook in hooks.values() if hook != current}
 
 
 def check_selector_source(hook: PlatformHook, expect: Expect) -> None:
@@ -166,22 +164,10 @@ def check_selector_class(hook: PlatformHook, expect: Expect) -> None:
 
 
 def check_selectors(hooks: dict[str, PlatformHook], expect: Expect) -> None:
-    """What the selector hook uses: the backend registry, the selector's config fields, every
-    platform's selector as source and the current platform's as a live class too."""
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
-    from vllm.v1.attention.selector import AttentionSelectorConfig
-
-    expect(
-        "CUSTOM" in AttentionBackendEnum.__members__, "AttentionBackendEnum has no CUSTOM member"
-    )
-    expect(
-        parameters(register_backend)[:2] == ["backend", "class_path"],
-        "register_backend does not take (backend, class_path)",
-    )
-    expect(
-        set(SELECTOR_FIELDS) <= set(AttentionSelectorConfig._fields),
-        f"AttentionSelectorConfig lacks one of {SELECTOR_FIELDS}",
-    )
+    """Where the selector hook patches, beyond what ``upstream_hooks.toml`` declares (the
+    registry, the selector's config fields, the selectors' signatures): every platform's
+    selector as source, defined by its class alone, and the current platform's as a live class
+    too."""
     for hook in hooks.values():
         check_selector_source(hook, expect)
     current = current_platform_hook(hooks)
