@@ -91,16 +91,34 @@ AUDIT_TABLES = {
         "lines_added", "lines_removed", "streams", "origin",
     ],
     "left-out": ["path", "side", "code"],
+    "hooks": [
+        "symbol", "kind", "status", "action", "problem", "detail", "upstream_path",
+        "upstream_line", "fork_path", "fork_line", "excerpt",
+    ],
 }  # fmt: skip
 AUDIT_BLOCKS = ["audit-summary", "audit-questions", "audit-findings", "audit-changes",
-                "audit-left-out"]  # fmt: skip
+                "audit-left-out", "audit-hooks"]  # fmt: skip
 CELLS = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(),
     st.floats(),
     HOSTILE,
-    st.sampled_from(["text", "binary", "large", "fact", "file", "A", "renamed", "yes"]),
+    st.sampled_from(
+        [
+            "text",
+            "binary",
+            "large",
+            "fact",
+            "file",
+            "A",
+            "renamed",
+            "yes",
+            "changed",
+            "adapt",
+            "member-missing",
+        ]
+    ),
 )
 COUNTS = st.one_of(st.none(), st.booleans(), st.integers(), HOSTILE)
 

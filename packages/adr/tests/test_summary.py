@@ -83,7 +83,10 @@ def accuracy(ended_at: str = "2026-12-01T11:00:00Z", controls_failed: int = 0) -
     return _on(record, H200, ended_at)
 
 
-def audit(ended_at: str = "2026-12-01T02:00:00Z") -> Record:
+ROCM_SELECTOR = "vllm.platforms.rocm:RocmPlatform.get_attn_backend_cls"
+
+
+def audit(ended_at: str = "2026-12-01T02:00:00Z", hooks_changed: int = 1) -> Record:
     record = make_record("audit", run_id="cpu-1")
     metrics = {
         "surprise": True,
@@ -93,12 +96,24 @@ def audit(ended_at: str = "2026-12-01T02:00:00Z") -> Record:
         "vendor_risk_stream_b": 0,
         "vendor_risk_stream_c": 1,
         "upstream": "pypi:vllm==0.18.1",
+        "plugin_hooks_release": "0.18.1",
+        "plugin_hooks_checked": 36,
+        "plugin_hooks_changed": hooks_changed,
+        "plugin_hooks_missing": 0,
     }
     findings = Table(["stream", "path"], [["C", "vllm/platforms/__init__.py"]])
     questions = Table(["question", "answer"], [["fp8_kv_cache", "no"], ["int8_kv_cache", "no"]])
-    record = dataclasses.replace(
-        record, metrics=metrics, tables={"findings": findings, "questions": questions}
+    status = "changed" if hooks_changed else "unchanged"
+    hooks = Table(
+        ["symbol", "status"],
+        [["vllm.config.cache:CacheDType", "unchanged"], [ROCM_SELECTOR, status]],
     )
+    gates = [
+        Gate.judge("plugin_hooks_changed", hooks_changed, "<=", 0),
+        Gate.judge("plugin_hooks_missing", 0, "<=", 0),
+    ]
+    tables = {"findings": findings, "questions": questions, "hooks": hooks}
+    record = dataclasses.replace(record, metrics=metrics, tables=tables, gates=gates)
     return _on(record, None, ended_at)
 
 
@@ -190,6 +205,24 @@ def test_the_fork_summary_names_the_files_of_each_stream() -> None:
     assert stream_c[0] == "1 vendor change(s) in stream C: `vllm/platforms/__init__.py`"
     assert stream_c[-1] == "failed"
     assert rows["Vendor changes touching stream B (KV quantization)"][-1] == "passed"
+
+
+def test_the_fork_summary_names_the_plugin_hooks_the_fork_changed() -> None:
+    question = "Does the fork still offer every upstream hook kvquant's vLLM plugin relies on?"
+    row = _rows(render_block("decision-0012", _shown(audit()), "en"))[question]
+    assert row[0] == (f"no: of 36 hooks of vLLM 0.18.1, 1 changed, 0 missing: `{ROCM_SELECTOR}`")
+    assert (row[1], row[-1]) == ("35/36", "failed")
+    kept = _rows(render_block("decision-0012", _shown(audit(hooks_changed=0)), "en"))[question]
+    assert (kept[0], kept[1], kept[-1]) == (
+        "yes: all 36 hooks of vLLM 0.18.1 unchanged",
+        "36/36",
+        "passed",
+    )
+    zh = _rows(render_block("decision-0012", _shown(audit()), "zh"))
+    zh_question = "厂商分支是否仍提供 kvquant 的 vLLM 插件依赖的全部上游挂钩？"
+    assert zh[zh_question][0] == (
+        f"否：vLLM 0.18.1 的 36 个挂钩中 1 个已改变，0 个缺失: `{ROCM_SELECTOR}`"
+    )
 
 
 def _milestone_dir(tmp_path: Path) -> Path:

@@ -1,8 +1,8 @@
 """The blocks of the fork audit (ADR 0012): the summary, with its verdict composed in the ADR's
 language from the record's counts, the changed files' metrics and the gates; and the tables of
-the questions answered, the vendor changes in risk areas, every changed file and the files left
-out, each presented in words from the codes of forkaudit's report, with every path, name and
-changed line quoted as code exactly as recorded.
+the questions answered, the vendor changes in risk areas, every changed file, the files left
+out and the plugin hooks checked, each presented in words from the codes of forkaudit's report,
+with every path, name and changed line quoted as code exactly as recorded.
 """
 
 from __future__ import annotations
@@ -59,6 +59,10 @@ _AUDIT_SUMMARY_METRICS = (
     "env_vars_removed",
     "env_vars_default_changed",
     "vendor_risk_changes",
+    "plugin_hooks_release",
+    "plugin_hooks_checked",
+    "plugin_hooks_changed",
+    "plugin_hooks_missing",
 )
 
 
@@ -257,6 +261,36 @@ def _present_left_out(table: Table, lang: str) -> tuple[list[str], list[list[Sca
     return ["path", "side", "reason"], rows
 
 
+def _present_hooks(table: Table, lang: str) -> tuple[list[str], list[list[Scalar]]]:
+    """Each plugin hook: where it lives upstream, the fork's status (where it lives now if it
+    moved, what it no longer offers, its first changed lines) and what to do."""
+    rows: list[list[Scalar]] = []
+    for row in table.keyed_rows():
+        status = _word(lang, "hook", row["status"])
+        if row["fork_path"] is not None and row["fork_path"] != row["upstream_path"]:
+            where = code_cell(f"{row['fork_path']}:{row['fork_line']}")
+            status = _compose(lang, "hook-moved", status=status, where=where)
+        if row["problem"] is not None:
+            key = f"hook-problem:{row['problem']}"
+            problem = (
+                _compose(lang, key, detail=code_cell(str(row["detail"])))
+                if key in LABELS[lang]
+                else code_cell(f"{row['problem']} {row['detail']}")
+            )
+            status = Markdown(status + label(lang, "audit-list-separator") + problem)
+        excerpt = str(row["excerpt"]).split("\n") if row["excerpt"] else []
+        shown = [status, *(code_cell(line) for line in excerpt)]
+        rows.append(
+            [
+                code_cell(str(row["symbol"])),
+                code_cell(f"{row['upstream_path']}:{row['upstream_line']}"),
+                _lines(shown),
+                _word(lang, "hook-action", row["action"]),
+            ]
+        )
+    return ["symbol", "upstream_location", "fork_status", "to_do"], rows
+
+
 # The columns each presenter reads (forkaudit's record parts write them).
 _QUESTION_COLUMNS = frozenset(
     {"question", "answer", "kind", "subject", "change", "name", "old", "new", "path"}
@@ -267,6 +301,20 @@ _CHANGE_COLUMNS = frozenset(
 _FINDING_COLUMNS = _CHANGE_COLUMNS | {"stream", "path", "area", "excerpt"}
 _CHANGES_COLUMNS = _CHANGE_COLUMNS | {"status", "path", "category", "streams", "origin"}
 _LEFT_OUT_COLUMNS = frozenset({"path", "side", "code"})
+_HOOK_COLUMNS = frozenset(
+    {
+        "symbol",
+        "status",
+        "action",
+        "problem",
+        "detail",
+        "upstream_path",
+        "upstream_line",
+        "fork_path",
+        "fork_line",
+        "excerpt",
+    }
+)
 
 
 AUDIT_BLOCKS: dict[str, Renderer] = {
@@ -282,5 +330,8 @@ AUDIT_BLOCKS: dict[str, Renderer] = {
     ),
     "audit-left-out": render_record_table(
         "audit-left-out", "nothing-left-out", present=(_present_left_out, _LEFT_OUT_COLUMNS)
+    ),
+    "audit-hooks": render_record_table(
+        "audit-hooks", "no-hooks", present=(_present_hooks, _HOOK_COLUMNS)
     ),
 }

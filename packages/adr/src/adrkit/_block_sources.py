@@ -40,6 +40,7 @@ BLOCK_SOURCES: dict[str, BlockSource] = {
     "audit-findings": BlockSource("audit", ("findings",)),
     "audit-changes": BlockSource("audit", ("changes",)),
     "audit-left-out": BlockSource("audit", ("left-out",)),
+    "audit-hooks": BlockSource("audit", ("hooks",)),
     "kvquant-correctness": BlockSource("correctness", ("errors",)),
     "kvquant-edge-cases": BlockSource("correctness", ("edge-cases",)),
     "kvquant-resources": BlockSource("kernels", ("resources",)),

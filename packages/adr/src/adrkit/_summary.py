@@ -91,6 +91,11 @@ _LABELS: dict[str, dict[str, str]] = {
         "fork-differs": "no: {risk} of {total} differing files are vendor changes in risk areas",
         "stream": "{count} vendor change(s) in stream {stream}",
         "kv-dtypes": "FP8 KV cache: {fp8}; INT8 KV cache: {int8}; backends: {backend}",
+        "hooks-kept": "yes: all {checked} hooks of vLLM {release} unchanged",
+        "hooks-broken": (
+            "no: of {checked} hooks of vLLM {release}, {changed} changed, {missing} missing"
+        ),
+        "hooks-unchecked": "not checked: the audit was given no hooks file",
     },
     "zh": {
         "not-measured": "未测量",
@@ -142,6 +147,11 @@ _LABELS: dict[str, dict[str, str]] = {
         "fork-differs": "否：{total} 个不同文件中有 {risk} 个是风险区域内的厂商改动",
         "stream": "计划流 {stream} 中有 {count} 个厂商改动",
         "kv-dtypes": "FP8 KV 缓存：{fp8}；INT8 KV 缓存：{int8}；注意力后端：{backend}",
+        "hooks-kept": "是：vLLM {release} 的 {checked} 个挂钩均未改变",
+        "hooks-broken": (
+            "否：vLLM {release} 的 {checked} 个挂钩中 {changed} 个已改变，{missing} 个缺失"
+        ),
+        "hooks-unchecked": "未检查：审计没有得到挂钩文件",
     },
 }
 _STATUS = {
@@ -226,6 +236,7 @@ _E2E = BLOCK_SOURCES["kvbench-e2e"]
 _AUDIT = BLOCK_SOURCES["audit-summary"]
 _FINDINGS = BLOCK_SOURCES["audit-findings"]
 _QUESTIONS = BLOCK_SOURCES["audit-questions"]
+_HOOKS = BLOCK_SOURCES["audit-hooks"]
 
 
 def _newest(evidence: Evidence, stage: str, wanted: Callable[[Record], bool]) -> Record | None:
@@ -638,6 +649,42 @@ def _kv_dtypes(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Resu
     return replace(measured, verdict="failed" if changed else "passed")
 
 
+def _plugin_hooks(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+    """Whether the fork still offers every upstream symbol the plugin relies on; the hooks it
+    changed or lacks are named."""
+    metric = "plugin_hooks_checked"
+    record = _newest(evidence, _HOOKS.stage, lambda r: _number(r, metric) is not None)
+    if record is None:
+        return _missing(evidence, _HOOKS.stage, metric, lang)
+    checked = _count(record, metric)
+    if checked == "0":
+        found = _measured(lang, "hooks-unchecked", "0", record)
+        return replace(found, verdict="failed")
+    changed, missing = (
+        _count(record, "plugin_hooks_changed"),
+        _count(record, "plugin_hooks_missing"),
+    )
+    fields = {
+        "checked": checked,
+        "changed": changed,
+        "missing": missing,
+        "release": str(record.metrics.get("plugin_hooks_release")),
+    }
+    broken = [
+        str(row["symbol"])
+        for row in _rows(record.tables.get(_HOOKS.table))
+        if row.get("status") != "unchanged"
+    ]
+    key = "hooks-broken" if broken or changed != "0" or missing != "0" else "hooks-kept"
+    kept = int(checked) - int(changed) - int(missing)
+    found = _measured(lang, key, f"{kept}/{checked}", record, **fields)
+    named = "".join(
+        [": ", ", ".join(code_cell(s) for s in broken[:5]), ", …" if len(broken) > 5 else ""]
+    )
+    answer = found.answer + (named if broken else "")
+    return replace(found, answer=answer, verdict=_gates_verdict(record, "plugin_hooks"))
+
+
 ANSWERS: dict[str, Answer] = {
     "kv-memory": _kv_memory,
     "decode-speed": _speedup("decode"),
@@ -656,6 +703,7 @@ ANSWERS: dict[str, Answer] = {
     "stream-b": _stream("B"),
     "stream-c": _stream("C"),
     "kv-dtypes": _kv_dtypes,
+    "plugin-hooks": _plugin_hooks,
 }
 
 
