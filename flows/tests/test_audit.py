@@ -2,7 +2,9 @@
 
 A git fork adds a KV-cache dtype and an attention backend, re-defaults an env var, and patches
 a platform file with lines that hold Markdown and HTML syntax; a wheel "fork" carries build
-outputs and a file that fails its RECORD hash. Their records are rendered in both languages.
+outputs and a file that fails its RECORD hash; the git fork less one module, checked against a
+hooks file, changes two of the hooks it declares and lacks a third. Their records are rendered
+in both languages.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from adrkit import Record, render_block, update_adrs, utc_now, write_record
 from adrkit._labels import LABELS
 from flows._stage import RunContext, stage_record
 from flows.audit import STAGE
+from kvquant.vllm_plugin import UPSTREAM_HOOKS_FILE
+from kvquant.vllm_plugin._guard import declared_hooks
 
 from conftest import REPO_ROOT, other_language
 
@@ -32,6 +36,7 @@ AUDIT_BLOCKS = [
     "audit-findings",
     "audit-changes",
     "audit-left-out",
+    "audit-hooks",
 ]
 
 ENVS = (
@@ -95,6 +100,50 @@ def git_fork(tmp_path_factory: pytest.TempPathFactory) -> tuple[Record, Path]:
     root = tmp_path_factory.mktemp("git-fork")
     upstream, fork = _repo(root / "upstream", UPSTREAM), _repo(root / "fork", FORK)
     return _record(root, forkaudit.diff(str(fork), f"git:{upstream}@main")), root / "results"
+
+
+# Hooks of the small forks' tree, in the format kvquant ships its vLLM plugin's in.
+HOOKS = """\
+releases = ["0.1.0"]
+
+[[hook]]
+symbol = "vllm.config.cache:CacheDType"
+kind = "value"
+values = ["auto"]
+why = "The KV-cache dtype literal."
+
+[[hook]]
+symbol = "vllm.v1.attention.backends.registry:AttentionBackendEnum"
+kind = "class"
+members = ["TRITON_ATTN"]
+why = "The backend registry."
+
+[[hook]]
+symbol = "vllm.platforms.rocm:device_name"
+kind = "function"
+parameters = []
+why = "The platform's name."
+
+[[hook]]
+symbol = "vllm.worker:run"
+kind = "function"
+parameters = []
+why = "The worker's entry."
+"""
+
+
+@pytest.fixture(scope="module")
+def hooks_fork(tmp_path_factory: pytest.TempPathFactory) -> tuple[Record, Path]:
+    """The git fork without vllm/worker.py, audited with HOOKS: the literal gained a dtype and
+    the platform file changed (two changed hooks), the worker is gone (a missing one), the
+    registry's declared member is as it was (its new member is none the plugin reads)."""
+    root = tmp_path_factory.mktemp("hooks-fork")
+    fork_files = {name: text for name, text in FORK.items() if name != "vllm/worker.py"}
+    upstream, fork = _repo(root / "upstream", UPSTREAM), _repo(root / "fork", fork_files)
+    hooks = root / "hooks.toml"
+    hooks.write_text(HOOKS)
+    report = forkaudit.diff(str(fork), f"git:{upstream}@main", hooks=hooks, hooks_version="0.1.0")
+    return _record(root, report), root / "results"
 
 
 def _record_hash(data: bytes) -> str:
@@ -277,5 +326,94 @@ def test_every_code_forkaudit_writes_has_a_label_in_both_languages() -> None:
         # Only a backend's registration and an env var's default have a value that changes.
         if change != "changed" or subject in ("attention_backend", "env_var")
     }
+    for lang in ("en", "zh"):
+        assert keys <= set(LABELS[lang]), sorted(keys - set(LABELS[lang]))
+
+
+def test_a_fork_that_changes_or_drops_a_hook_fails_the_stage_naming_them(
+    hooks_fork: tuple[Record, Path],
+) -> None:
+    record, _ = hooks_fork
+    assert {k: v for k, v in record.metrics.items() if k.startswith("plugin_hooks")} == {
+        "plugin_hooks_release": "0.1.0",
+        "plugin_hooks_checked": 4,
+        "plugin_hooks_changed": 2,
+        "plugin_hooks_missing": 1,
+    }
+    failed = {g.name for g in record.gates if not g.passed}
+    assert failed == {"vendor_risk_changes", "plugin_hooks_changed", "plugin_hooks_missing"}
+    assert record.status == "failed"
+    assert "gate plugin_hooks_changed: 2 not <= 0; gate plugin_hooks_missing: 1 not <= 0" in (
+        record.reason or ""
+    )
+    assert record.summary.endswith(
+        "Plugin hooks (vLLM 0.1.0): 4 checked, 2 changed, 1 missing ("
+        "vllm.config.cache:CacheDType changed, vllm.platforms.rocm:device_name changed, "
+        "vllm.worker:run missing)"
+    )
+    en = _table_rows(render_block("audit-hooks", {"audit": record}, "en"))
+    assert [[cell.strip() for cell in row] for row in en] == [
+        [
+            "`vllm.config.cache:CacheDType`",
+            "`vllm/config/cache.py:3`",
+            'changed<br>`-CacheDType = Literal["auto", "fp8"]`<br>'
+            '`+CacheDType = Literal["auto", "fp8", "int8"]`',
+            "review the change: the plugin's import guard still accepts it",
+        ],
+        [
+            "`vllm.v1.attention.backends.registry:AttentionBackendEnum`",
+            "`vllm/v1/attention/backends/registry.py:4`",
+            "unchanged",
+            "nothing",
+        ],
+        [
+            "`vllm.platforms.rocm:device_name`",
+            "`vllm/platforms/rocm.py:1`",
+            # The comment after the return is no part of the function's definition; the
+            # hostile line shows as code, its comment markers escaped.
+            "changed<br>`-    return 'rocm'`<br><code>+    return 'a\\|b'  "
+            "# &lt;!-- generated:audit-findings end --&gt;</code>",
+            "review the change: the plugin's import guard still accepts it",
+        ],
+        [
+            "`vllm.worker:run`",
+            "`vllm/worker.py:1`",
+            "missing, module `vllm.worker` is gone",
+            "adapt the plugin: its import guard refuses this fork",
+        ],
+    ]  # fmt: skip
+    zh = _table_rows(render_block("audit-hooks", {"audit": record}, "zh"))
+    assert [row[3].strip() for row in zh] == [
+        "审阅改动：插件的导入检查仍接受它",
+        "无需处理",
+        "审阅改动：插件的导入检查仍接受它",
+        "调整插件：其导入检查会拒绝这个分支",
+    ]
+    assert zh[3][2].strip() == "缺失，模块 `vllm.worker` 已不存在"
+
+
+def test_an_audit_given_no_hooks_file_fails_its_gate(git_fork: tuple[Record, Path]) -> None:
+    record, _ = git_fork
+    checked = next(g for g in record.gates if g.name == "plugin_hooks_checked")
+    assert (checked.value, checked.passed) == (0, False)
+    assert render_block("audit-hooks", {"audit": record}, "en").startswith(
+        "No hook was checked: the audit was given no hooks file."
+    )
+
+
+def test_forkaudit_reads_the_plugins_own_hooks_file_as_the_plugins_guard_does() -> None:
+    """One file, two readers: forkaudit's (the audit's gate) and the plugin's (its guard)."""
+    audited = forkaudit.load_hooks(UPSTREAM_HOOKS_FILE)
+    for release in audited.releases:
+        guarded = declared_hooks(release)
+        assert [
+            (h.symbol, h.kind, h.members, h.parameters, h.values) for h in audited.hooks[release]
+        ] == [(h.symbol, h.kind, h.members, h.parameters, h.values) for h in guarded]
+
+
+def test_every_hook_code_forkaudit_writes_has_a_label_in_both_languages() -> None:
+    keys = {f"hook:{status}" for status in forkaudit.HOOK_STATUSES}
+    keys |= {f"hook-action:{action}" for action in forkaudit.HOOK_ACTIONS}
+    keys |= {f"hook-problem:{problem}" for problem in forkaudit.HOOK_PROBLEMS}
     for lang in ("en", "zh"):
         assert keys <= set(LABELS[lang]), sorted(keys - set(LABELS[lang]))

@@ -52,6 +52,17 @@ def _run_deployment(
     return flow_run
 
 
+# The toy tree's env var table as a plugin hook: the fork's patch changes it.
+SMALL_FORK_HOOKS = """\
+releases = ["1.0.0"]
+
+[[hook]]
+symbol = "vllm.envs:environment_variables"
+kind = "value"
+why = "The env vars the plugin reads."
+"""
+
+
 @pytest.fixture
 def params(
     small_fork: ForkFixture,
@@ -60,11 +71,16 @@ def params(
     tiny_kernel_matrix: Path,
     tiny_accuracy_config: Path,
 ) -> dict[str, object]:
-    """Deployment parameters: the fork fixture, a temporary copy of the ADRs and results root."""
+    """Deployment parameters: the fork fixture with hooks declared for its toy tree, a temporary
+    copy of the ADRs and results root."""
+    hooks = tmp_path / "hooks.toml"
+    hooks.write_text(SMALL_FORK_HOOKS)
     return {
         "fork": small_fork.fork,
         "upstream": small_fork.upstream,
         "scope": None,
+        "hooks": str(hooks),
+        "hooks_version": "1.0.0",
         "adr_dir": str(adr_copy),
         "results_root": str(tmp_path / "results"),
         "kernel_matrix": str(tiny_kernel_matrix),
@@ -99,7 +115,12 @@ def test_nightly_deployment_runs_every_stage_and_writes_adrs(
     # The fork's patch touches env vars and an attention backend: a gate failure, recorded.
     assert audit.status == "failed"
     assert not audit.gates_passed
-    assert [g.name for g in audit.gates] == ["vendor_risk_changes"]
+    # And a changed plugin hook, named in the record's summary.
+    assert [g.name for g in audit.gates if not g.passed] == [
+        "vendor_risk_changes",
+        "plugin_hooks_changed",
+    ]
+    assert audit.summary.endswith("(vllm.envs:environment_variables changed)")
     # One cell per Triton build: the newest installed, and the target's where it is installed.
     kernels = records["kernels"].metrics
     assert kernels["cells"] == 1 + (kernels["triton_target_not_built"] is None)
