@@ -49,7 +49,8 @@ def _engine_config(model: str, kv_cache_dtype: str, **kwargs: Any) -> Any:
     from vllm.engine.arg_utils import EngineArgs
 
     args = EngineArgs(
-        model=model, kv_cache_dtype=kv_cache_dtype, dtype="float32", max_model_len=512, **kwargs
+        **{"model": model, "kv_cache_dtype": kv_cache_dtype, "dtype": "float32"}
+        | {"max_model_len": 512, **kwargs}
     )
     return args.create_engine_config()
 
@@ -149,7 +150,8 @@ def test_gpu_builder_declares_decode_graphs_and_plans_captures_for_the_longest_c
     from kvquant.vllm_plugin._backend_v0_32 import KVQuantInt8CPUBackend, KVQuantInt8GPUBackend
     from kvquant.vllm_plugin._kernels import KERNELS_ENV, KERNELS_ON_CPU
 
-    config = _engine_config(str(smollm2), INT8_KV_CACHE_DTYPE, block_size=32)
+    # The kernel path takes a 16-bit model (the builder plans its step's decode for it).
+    config = _engine_config(str(smollm2), INT8_KV_CACHE_DTYPE, block_size=32, dtype="bfloat16")
     spec = FullAttentionSpec(
         block_size=32,
         num_kv_heads=3,
