@@ -11,10 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import git
-
 from forkaudit._errors import ScopeError, SpecError
-from forkaudit._git import run_git
+from forkaudit._git import RepositoryView, run_git
 from forkaudit._sources import Entry, list_tree, open_repo, open_spec, resolve_commit
 
 RANKING_SIZE = 5
@@ -63,9 +61,9 @@ def find_base(
     go to the earlier candidate."""
     fork_entries = open_spec(fork, scope=scope, cache_dir=cache_dir).entries
     spec = f"--upstream-repo {upstream_repo}"
-    repo = open_repo(spec, str(upstream_repo))
-    git_dir = Path(repo.common_dir)
-    commits = _candidate_commits(spec, repo, candidates)
+    view = open_repo(spec, str(upstream_repo))
+    git_dir = view.git_dir
+    commits = _candidate_commits(spec, view, candidates)
     prefix = os.fsencode(scope or "")
 
     def differs(path: bytes, entry: Entry | None) -> bool:
@@ -98,13 +96,13 @@ def find_base(
     return BaseSearch(ranking, len(commits))
 
 
-def _candidate_commits(spec: str, repo: git.Repo, candidates: str | list[str]) -> list[str]:
+def _candidate_commits(spec: str, view: RepositoryView, candidates: str | list[str]) -> list[str]:
     """Full commit ids of the candidates; a range `A..B` means A and B's first-parent line."""
     if isinstance(candidates, str) and ".." in candidates:
         lower_rev, upper_rev = (rev.strip() for rev in candidates.split("..", 1))
-        lower, upper = (resolve_commit(spec, repo, rev) for rev in (lower_rev, upper_rev))
+        lower, upper = (resolve_commit(spec, view, rev) for rev in (lower_rev, upper_rev))
         line = run_git(
-            Path(repo.common_dir), ["rev-list", "--first-parent", "--reverse", f"{lower}..{upper}"]
+            view.git_dir, ["rev-list", "--first-parent", "--reverse", f"{lower}..{upper}"]
         ).split()
         if not line:  # B is A, or B is an ancestor of A: the range is empty, not "just A"
             msg = f"`{spec}`: candidate range {candidates!r} is empty: " + (
@@ -117,7 +115,7 @@ def _candidate_commits(spec: str, repo: git.Repo, candidates: str | list[str]) -
         commits = [lower, *(commit.decode() for commit in line)]
     else:
         names = candidates.replace(",", " ").split() if isinstance(candidates, str) else candidates
-        commits = [resolve_commit(spec, repo, name) for name in names]
+        commits = [resolve_commit(spec, view, name) for name in names]
     if not commits:
         msg = f"{spec}: no candidate commits in {candidates!r}"
         raise SpecError(msg)

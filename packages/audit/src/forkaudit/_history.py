@@ -5,7 +5,6 @@ message naming two features on a commit that differs from upstream in 189 files 
 """
 
 import re
-from pathlib import Path
 
 from forkaudit._git import run_git
 from forkaudit._sources import Snapshot
@@ -17,15 +16,17 @@ _TAG_PREFIX = re.compile(r"^(\s*\[[^\]]*\])+")
 
 def inspect_history(fork: Snapshot, files_changed: int, files_per_topic: int) -> dict[str, object]:
     """History facts of a git fork; for other kinds only `kind` and `available: false`."""
-    if fork.repo is None or fork.commit is None:
+    if fork.git_dir is None or fork.commit is None:
         return {"kind": fork.kind, "available": False}
-    git_dir = Path(fork.repo.common_dir)
-    commit = fork.repo.commit(fork.commit)
+    git_dir = fork.git_dir
     shallow_file = git_dir / "shallow"
     shallow_commits = set(shallow_file.read_text().split()) if shallow_file.is_file() else set()
     count = int(run_git(git_dir, ["rev-list", "--count", fork.commit]).decode())
     roots = run_git(git_dir, ["rev-list", "--max-parents=0", fork.commit]).decode().split()
-    message = commit.message if isinstance(commit.message, str) else commit.message.decode()
+    # Author, committer date and message, NUL-separated; git runs no mailmap or signature check.
+    show = ["show", "--no-patch", "--format=%an%x00%ae%x00%cI%x00%B", fork.commit]
+    shown = run_git(git_dir, show)
+    author, email, date, message = shown.decode("utf-8", "replace").split("\0", 3)
     subject = message.strip().splitlines()[0] if message.strip() else ""
     topics = _count_topics(subject)
     fits = files_changed <= topics * files_per_topic
@@ -34,8 +35,8 @@ def inspect_history(fork: Snapshot, files_changed: int, files_per_topic: int) ->
         "available": True,
         "commit": fork.commit,
         "subject": subject,
-        "author": f"{commit.author.name} <{commit.author.email}>",
-        "date": commit.committed_datetime.isoformat(),
+        "author": f"{author} <{email}>",
+        "date": date,
         "grafted": fork.commit in shallow_commits or (git_dir / "info" / "grafts").is_file(),
         "shallow": bool(shallow_commits),
         "root_commits": len(roots),

@@ -24,7 +24,7 @@ from typing import IO
 import git
 
 from forkaudit._errors import GitError, SpecError
-from forkaudit._git import run_git
+from forkaudit._git import RepositoryView, run_git
 from forkaudit._pypi import fetch_from_index
 
 MODE_FILE = "100644"
@@ -65,10 +65,11 @@ class Snapshot:
     #: as far as they were asked for (`_audit` asks git for the changed ones).
     sizes: dict[str, int] = field(default_factory=dict)
     commit: str | None = None
-    #: The repository's git directory, for git sides, which read their blobs from it.
+    #: The git directory git reads a git side through (see `_git.RepositoryView`), for git
+    #: sides, which read their blobs and history from it.
     git_dir: Path | None = None
-    #: The repository itself, for git sides, so its history can be inspected.
-    repo: git.Repo | None = None
+    #: The view itself, kept as long as the snapshot (the view's folder goes with it).
+    view: RepositoryView | None = None
     #: Files whose content does not match the distribution's RECORD (wheel and installed).
     record_mismatches: list[dict[str, str]] = field(default_factory=list)
     #: Files of the distribution that lie outside its install root, so are not compared.
@@ -137,29 +138,32 @@ def split_path_rev(target: str) -> tuple[str, str]:
     return path, rev
 
 
-def open_repo(spec: str, path: str) -> git.Repo:
-    """Open the repository at PATH (bare or with a work tree) without searching parents."""
+def open_repo(spec: str, path: str) -> RepositoryView:
+    """The view git reads the repository at PATH (bare or with a work tree) through, without
+    searching parents; GitPython only finds its git directory, and runs nothing."""
     if not Path(path).exists():
         msg = f"`{spec}`: path {path!r} does not exist"
         raise SpecError(msg)
     try:
-        return git.Repo(path)
+        common_dir = git.Repo(path).common_dir
     except git.InvalidGitRepositoryError:
         msg = f"`{spec}`: {path!r} is not a git repository"
         raise SpecError(msg) from None
     except git.NoSuchPathError:
         msg = f"`{spec}`: path {path!r} does not exist"
         raise SpecError(msg) from None
+    return RepositoryView(Path(common_dir))
 
 
-def resolve_commit(spec: str, repo: git.Repo, rev: str) -> str:
-    """The full commit id REV names in REPO; clear errors for an empty repo or unknown ref."""
-    git_dir = Path(repo.common_dir)
+def resolve_commit(spec: str, view: RepositoryView, rev: str) -> str:
+    """The full commit id REV names in the repository; clear errors for an empty repository or
+    an unknown ref."""
+    git_dir = view.git_dir
     try:
         out = run_git(git_dir, ["rev-parse", "--verify", "--end-of-options", f"{rev}^{{commit}}"])
     except GitError:
         if not run_git(git_dir, ["for-each-ref", "--count=1"]).strip():
-            msg = f"`{spec}`: repository {repo.common_dir!r} is empty (it has no commits)"
+            msg = f"`{spec}`: repository {str(view.source)!r} is empty (it has no commits)"
             raise SpecError(msg) from None
         msg = f"`{spec}`: unknown ref {rev!r} (expected a branch, tag or commit)"
         raise SpecError(msg) from None
@@ -180,15 +184,15 @@ def list_tree(git_dir: Path, commit: str) -> dict[bytes, Entry]:
 
 def _open_git(spec: str, target: str) -> Snapshot:
     path, rev = split_path_rev(target)
-    repo = open_repo(spec, path)
-    commit = resolve_commit(spec, repo, rev)
+    view = open_repo(spec, path)
+    commit = resolve_commit(spec, view, rev)
     return Snapshot(
         spec=spec,
         kind="git",
-        entries=list_tree(Path(repo.common_dir), commit),
+        entries=list_tree(view.git_dir, commit),
         commit=commit,
-        git_dir=Path(repo.common_dir),
-        repo=repo,
+        git_dir=view.git_dir,
+        view=view,
     )
 
 
