@@ -163,7 +163,7 @@ def wheel_fork(tmp_path_factory: pytest.TempPathFactory) -> Record:
     repo.git.commit("--quiet", "-m", "exec", "--author", "T <t@example.com>")
     files = {name: text.encode() for name, text in UPSTREAM.items()}
     files |= {"vllm/run.sh": b"#!/bin/sh\n", "vllm/_C.abi3.so": b"\x7fELF"}
-    files["vllm-0.1.dist-info/METADATA"] = b"Name: vllm\nVersion: 0.1\n"
+    files["vllm-0.1.dist-info/METADATA"] = b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.1\n"
     record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in files.items())
     files["vllm/worker.py"] = b"def run():\n    return 2\n"  # after RECORD: a post-install patch
     wheel = root / "vllm-0.1-py3-none-any.whl"

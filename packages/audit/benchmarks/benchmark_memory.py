@@ -11,7 +11,9 @@ them, would inherit this one's high-water mark in `ru_maxrss`.
 Cases: a 200 MB text file (about 3.3 million lines) that only the fork has, the same file in
 both trees with one line in 1,000 changed, a 200 MB binary file (seeded random bytes, a few
 changed), and a changed text file of exactly forkaudit's large-file size, the largest that is
-still diffed line by line: the worst case of the diffed path.
+still diffed line by line: the worst case of the diffed path. Last, a wheel of under 100 KB
+holding two Python files just under the large-file size: diffed, but over the parsing budget,
+so not parsed.
 """
 
 import argparse
@@ -23,10 +25,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from forkaudit._sources import LARGE_FILE_BYTES
+from forkaudit._snapshot import LARGE_FILE_BYTES
 
 MB = 1_000_000
 MIB = 1 << 20
@@ -111,11 +114,12 @@ def _tree_rss_kib(pid: int) -> int:
     return total
 
 
-def _measure(upstream: Path, fork: Path, out: Path) -> tuple[float, int, int]:
-    """Run the audit; return its seconds, its own peak RSS and the sampled tree peak, in KiB."""
+def _measure(upstream: str, fork: str, out: Path) -> tuple[float, int, int]:
+    """Run the audit of the SPECs; return its seconds, its own peak RSS and the sampled tree
+    peak, in KiB."""
     peaks_file = out / "peaks.json"
     argv = [
-        *["diff", "--fork", f"dir:{fork}", "--upstream", f"dir:{upstream}"],
+        *["diff", "--fork", fork, "--upstream", upstream],
         *["--json", str(out / "a.json"), "--markdown", str(out / "a.md")],
         *["--patch", str(out / "a.patch")],
     ]
@@ -155,7 +159,7 @@ def _case(
         else _write_pair(case_root, name, data, change(data))
     )
     del data
-    seconds, self_kib, tree_kib = _measure(upstream, fork, case_root)
+    seconds, self_kib, tree_kib = _measure(f"dir:{upstream}", f"dir:{fork}", case_root)
     document = json.loads((case_root / "a.json").read_text())
     big = next(f for f in document["files"] if f["path"] == f"vllm/{name}")
     if big.get("large"):
@@ -169,6 +173,29 @@ def _case(
     print(
         f"{label}: {size / MB:.1f} MB, {shown}, patch {patch_mb:.1f} MB; {seconds:.1f} s; "
         f"peak RSS forkaudit {self_kib / 1024:.0f} MiB, with git {tree_kib / 1024:.0f} MiB{goal}"
+    )
+    shutil.rmtree(case_root)
+
+
+def _python_in_a_wheel(root: Path) -> None:
+    """Two Python files just under the large-file size, packed into a wheel of under 100 KB."""
+    case_root = root / "wheel"
+    (case_root / "upstream" / "vllm").mkdir(parents=True)
+    (case_root / "upstream" / "vllm" / "envs.py").write_text("x = 1\n")
+    line = b"VLLM_ATTENTION_BACKEND = 'HYGON'\n"
+    source = line * ((LARGE_FILE_BYTES - 1) // len(line))
+    wheel = case_root / "vllm-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("vllm/envs.py", source)
+        archive.writestr("vllm/attention/huge.py", source)
+    seconds, self_kib, tree_kib = _measure(
+        f"dir:{case_root / 'upstream'}", f"wheel:{wheel}", case_root
+    )
+    document = json.loads((case_root / "a.json").read_text())
+    print(
+        f"wheel of {wheel.stat().st_size / 1000:.0f} KB, two {len(source) / MIB:.1f} MiB Python "
+        f"files, not parsed: {document['semantic']['large_files']}; {seconds:.1f} s; "
+        f"peak RSS forkaudit {self_kib / 1024:.0f} MiB, with git {tree_kib / 1024:.0f} MiB"
     )
     shutil.rmtree(case_root)
 
@@ -187,6 +214,7 @@ def main() -> None:
         edge = LARGE_FILE_BYTES
         _case(root, "text file at the large-file size", "edge.txt", edge, _text, _text_fork,
               target=False)  # fmt: skip
+        _python_in_a_wheel(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -100,14 +100,22 @@ def test_sdist_against_a_later_commit_shows_the_change(tiny: Tiny, tmp_path: Pat
     ]
 
 
-@pytest.mark.parametrize("keep", [0.5, 0.0])
-def test_broken_sdist_is_a_one_line_error(tiny: Tiny, tmp_path: Path, keep: float) -> None:
+@pytest.mark.parametrize(
+    ("keep", "why"),
+    [
+        (0.5, "its compressed stream ends early (the file is truncated)"),
+        (0.0, "empty file"),
+    ],
+)
+def test_broken_sdist_is_a_one_line_error(
+    tiny: Tiny, tmp_path: Path, keep: float, why: str
+) -> None:
     data = tiny.sdist.read_bytes()
     broken = tmp_path / tiny.sdist.name
     broken.write_bytes(data[: int(len(data) * keep)])  # truncated, or empty
     expected = (
         f"`sdist:{broken}`: file {str(broken)!r} is not a readable tar archive "
-        "(.tar.gz, .tar.bz2 or .tar.xz)"
+        f"(.tar.gz, .tar.bz2 or .tar.xz): {why}"
     )
     with pytest.raises(forkaudit.SpecError) as raised:
         forkaudit.diff(f"sdist:{broken}", f"git:{tiny.repo}")

@@ -99,12 +99,17 @@ def _audit_verdict(record: Record, lang: str) -> str:
         counts.append(
             label(lang, "audit-no-stream-count", count=_count(m["vendor_risk_no_stream"]))
         )
-    record_files = m.get("record_mismatch_files")
+    record_files, integrity_files = m.get("record_mismatch_files"), m.get("integrity_problem_files")
     fields = {
         "risk": _count(m.get("vendor_risk_files")),
         "total": _count(m.get("files_total")),
         "record": (
             label(lang, "audit-record-files", count=_count(record_files)) if record_files else ""
+        )
+        + (
+            label(lang, "audit-integrity-files", count=_count(integrity_files))
+            if integrity_files
+            else ""
         ),
         "streams": label(lang, "audit-list-separator").join(counts),
     }

@@ -210,6 +210,9 @@ LABELS: dict[str, dict[str, str]] = {
             "{record} ({streams})."
         ),
         "audit-record-files": ", {count} fork files fail their RECORD check",
+        "audit-integrity-files": (
+            ", {count} fork files fail an integrity check (member names, bytecode)"
+        ),
         "audit-no-surprise": (
             "No surprise patch: none of {total} changed files is a vendor change in a risk area."
         ),
@@ -255,6 +258,15 @@ LABELS: dict[str, dict[str, str]] = {
         "change:record-unknown-algorithm": (
             "patched after install: RECORD names an unknown hash algorithm"
         ),
+        "change:record-weak-algorithm": "RECORD names it by md5 or sha1, too weak a hash",
+        "change:record-unhashed": "RECORD lists it without a hash",
+        "change:record-not-listed": "not listed in RECORD",
+        "change:name-outside-root": "its member name points outside the archive's root",
+        "change:name-not-normal": "its member name is not a plain path and resolves here",
+        "change:name-duplicate": "several members resolve to this path; the last one is kept",
+        "change:bytecode-differs": "bytecode Python loads that does not match its source",
+        "change:bytecode-unchecked": "bytecode Python loads that could not be compared",
+        "change:bytecode-without-source": "bytecode without a source, which Python imports",
         "content:binary": "binary",
         "content:large": "large file, compared by hash only",
         "origin:vendor": "vendor",
@@ -270,6 +282,8 @@ LABELS: dict[str, dict[str, str]] = {
         "left-out:egg-info-section": "[egg_info] section written by the sdist build",
         "left-out:generated-version-file": "version file generated at build time",
         "left-out:exec-bit-only": "only the executable bit differs, which wheels do not keep",
+        "left-out:bytecode-of-source": "bytecode that matches the source beside it",
+        "left-out:bytecode-unused": "bytecode Python never loads",
         "plugin_hooks_release": "vLLM release whose plugin hooks apply",
         "plugin_hooks_checked": "Plugin hooks checked",
         "plugin_hooks_changed": "Plugin hooks the fork changed",
@@ -488,6 +502,7 @@ LABELS: dict[str, dict[str, str]] = {
             "{record}（{streams}）。"
         ),
         "audit-record-files": "，另有 {count} 个分支文件与 RECORD 哈希不符",
+        "audit-integrity-files": "，另有 {count} 个分支文件未通过完整性检查（成员名称、字节码）",
         "audit-no-surprise": "无意外补丁：{total} 个差异文件中没有落在风险区域内的厂商改动。",
         "audit-no-base": "未给出真实基线，因此所有改动都算作厂商改动。",
         "audit-stream-count": "计划流 {stream}：{count}",
@@ -525,6 +540,15 @@ LABELS: dict[str, dict[str, str]] = {
         "change:record-missing": "安装后被修改：RECORD 中列出但文件缺失",
         "change:record-content-differs": "安装后被修改：内容与 RECORD 中的哈希不符",
         "change:record-unknown-algorithm": "安装后被修改：RECORD 使用了未知的哈希算法",
+        "change:record-weak-algorithm": "RECORD 用 md5 或 sha1 这种过弱的哈希记录它",
+        "change:record-unhashed": "RECORD 列出了它但没有哈希",
+        "change:record-not-listed": "RECORD 中没有列出",
+        "change:name-outside-root": "成员名称指向归档根目录之外",
+        "change:name-not-normal": "成员名称不是规范路径，解析后指向此处",
+        "change:name-duplicate": "多个成员解析到此路径，安装时保留最后一个",
+        "change:bytecode-differs": "Python 会加载的字节码与其源码不符",
+        "change:bytecode-unchecked": "Python 会加载但无法与源码比较的字节码",
+        "change:bytecode-without-source": "没有源码的字节码，Python 会导入它",
         "content:binary": "二进制",
         "content:large": "大文件，仅按哈希比较",
         "origin:vendor": "厂商",
@@ -540,6 +564,8 @@ LABELS: dict[str, dict[str, str]] = {
         "left-out:egg-info-section": "sdist 构建写入的 [egg_info] 小节",
         "left-out:generated-version-file": "构建时生成的版本文件",
         "left-out:exec-bit-only": "只有可执行位不同，而 wheel 不保留可执行位",
+        "left-out:bytecode-of-source": "与旁边源码一致的字节码",
+        "left-out:bytecode-unused": "Python 永远不会加载的字节码",
         "plugin_hooks_release": "适用插件挂钩的 vLLM 版本",
         "plugin_hooks_checked": "检查的插件挂钩",
         "plugin_hooks_changed": "分支改动了的插件挂钩",

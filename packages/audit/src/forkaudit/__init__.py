@@ -9,6 +9,7 @@ from forkaudit._artifacts import LEFT_OUT_REASONS
 from forkaudit._audit import DEFAULT_SCOPE, diff
 from forkaudit._errors import (
     AuditError,
+    BudgetError,
     FetchError,
     GitError,
     HooksError,
@@ -39,7 +40,7 @@ from forkaudit._record import (
 from forkaudit._report import CHANGE_KINDS, CONTENT_KINDS, AuditReport, FileReport, Finding
 from forkaudit._rules import Rules, load_rules
 from forkaudit._semantic import FACT_CHANGES, FACT_SUBJECTS, Fact
-from forkaudit._sources import LARGE_FILE_BYTES
+from forkaudit._snapshot import LARGE_FILE_BYTES
 from forkaudit._symbols import SYMBOL_KINDS
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "AuditError",
     "AuditReport",
     "BaseSearch",
+    "BudgetError",
     "Candidate",
     "DeclaredHook",
     "Evidence",

@@ -1,28 +1,33 @@
 """`diff`: the audit of a fork against an upstream, from SPECs to an `AuditReport`."""
 
+import functools
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from forkaudit._artifacts import LEFT_OUT_REASONS, build_written_reason
+from forkaudit._bytecode import is_bytecode, judge_bytecode
 from forkaudit._errors import HooksError, ScopeError, SpecError
 from forkaudit._history import inspect_history
 from forkaudit._hooks import check_hooks, load_hooks
 from forkaudit._questions import ChangedFile, answer_questions, dtype_mentions
 from forkaudit._report import EXCERPT_CHARS, EXCERPT_LINES, AuditReport, FileReport
 from forkaudit._rules import Rules, load_rules
-from forkaudit._semantic import PythonFacts, SemanticDiff, compare_facts
-from forkaudit._sources import (
+from forkaudit._semantic import MAX_PARSED_BYTES, PythonFacts, SemanticDiff, compare_facts
+from forkaudit._snapshot import (
     ARTIFACT_KINDS,
+    INTEGRITY_PROBLEMS,
     LARGE_FILE_BYTES,
     MODE_EXECUTABLE,
     MODE_FILE,
     MODE_GITLINK,
     MODE_SYMLINK,
     Entry,
+    ReadBudget,
     Snapshot,
-    open_spec,
 )
+from forkaudit._sources import open_spec
 from forkaudit._treediff import (
     FileChange,
     ScratchRepo,
@@ -64,15 +69,16 @@ def diff(
     hook_list = load_hooks(hooks) if hooks is not None else None
     fork_spec = _chosen("fork", fork, rule_set.fork, rule_set)
     upstream_spec = _chosen("upstream", upstream, rule_set.upstream, rule_set)
-    fork_side = open_spec(fork_spec, scope=scope, cache_dir=cache_dir)
-    upstream_side = open_spec(upstream_spec, scope=scope, cache_dir=cache_dir)
+    budget = ReadBudget()  # every side's files count against one budget
+    fork_side = open_spec(fork_spec, scope=scope, cache_dir=cache_dir, budget=budget)
+    upstream_side = open_spec(upstream_spec, scope=scope, cache_dir=cache_dir, budget=budget)
     if scope and not fork_side.entries and not upstream_side.entries:
         msg = (
             f"scope {scope!r} matches no file of the fork or the upstream"
             " (a path prefix from the tree root, such as 'vllm/')"
         )
         raise ScopeError(msg)
-    base_side = open_spec(base, scope=scope, cache_dir=cache_dir) if base else None
+    base_side = open_spec(base, scope=scope, cache_dir=cache_dir, budget=budget) if base else None
     paths = changed_paths(upstream_side.entries, fork_side.entries)
     sizes = {"upstream": _sizes(upstream_side, paths), "fork": _sizes(fork_side, paths)}
     large = {
@@ -101,7 +107,10 @@ def diff(
         files.append(file)
         if file.ignored_by is None:
             changed_files.append(_changed_file(file, lines))
-    large_python = [f.path for f in files if f.large and f.path.endswith(".py")]
+    # Changed Python files not parsed for their size: large, or over the parsing budget.
+    large_python = sorted(
+        {*(f.path for f in files if f.large and f.path.endswith(".py")), *semantic.too_large}
+    )
     counted = sum(f.ignored_by is None for f in files)
     return AuditReport(
         rules=rule_set,
@@ -115,6 +124,7 @@ def diff(
             "fork": fork_side.record_mismatches,
             "upstream": upstream_side.record_mismatches,
         },
+        integrity={"fork": fork_side.problems, "upstream": upstream_side.problems},
         env_vars=semantic.env_vars(),
         semantic={**semantic.semantic(), "large_files": large_python},
         questions=answer_questions(
@@ -178,26 +188,48 @@ def _content(side: Snapshot, path: bytes, large: set[bytes]) -> bytes | None:
     return cat_blobs(side.git_dir, [entry.oid])[entry.oid]
 
 
+def _named_content(side: Snapshot, large: set[bytes], name: str) -> bytes | None:
+    return _content(side, os.fsencode(name), large)
+
+
 def _leave_out_build_files(
     paths: list[bytes], upstream: Snapshot, fork: Snapshot, large: set[bytes]
 ) -> tuple[list[bytes], list[dict[str, str]]]:
     """Split changed PATHS into those to diff and the build-written ones left out, each with
-    the side (`fork`, `upstream` or `both`) and the reason's code (see `LEFT_OUT_REASONS`)."""
+    the side (`fork`, `upstream` or `both`) and the reason's code (see `LEFT_OUT_REASONS`).
+
+    Bytecode is judged against its source (`_bytecode`): bytecode that could run and does not
+    match is an integrity problem of its side, and stays in the diff.
+    """
+    sides = (("fork", fork, upstream), ("upstream", upstream, fork))
+    bytecode = {
+        role: judge_bytecode(
+            [os.fsdecode(p) for p in paths if p in side.entries and is_bytecode(os.fsdecode(p))],
+            functools.partial(_named_content, side, large),
+        )
+        for role, side, _other in sides
+        if side.kind in ARTIFACT_KINDS
+    }
     kept, left_out = [], []
     for path in paths:
         if _only_exec_bit_lost(path, upstream, fork):
             left_out.append(_left_out(path, "both", "exec-bit-only"))
             continue
-        reason = None
-        for role, side, other in (("fork", fork, upstream), ("upstream", upstream, fork)):
-            if side.kind in ARTIFACT_KINDS and path in side.entries:
-                reason = build_written_reason(
-                    os.fsdecode(path), _content(side, path, large), _content(other, path, large)
-                )
-                if reason:
-                    left_out.append(_left_out(path, role, reason))
-                    break
-        if reason is None:
+        name = os.fsdecode(path)
+        reasons = []
+        for role, side, other in sides:
+            if side.kind not in ARTIFACT_KINDS or path not in side.entries:
+                continue
+            reason = bytecode[role].get(name) or build_written_reason(
+                name, _content(side, path, large), _content(other, path, large)
+            )
+            if reason in INTEGRITY_PROBLEMS:
+                side.add_problem(name, name, reason)
+            if reason:
+                reasons.append((role, reason))
+        if reasons and not any(reason in INTEGRITY_PROBLEMS for _role, reason in reasons):
+            left_out.append(_left_out(path, *reasons[0]))
+        else:
             kept.append(path)
     return kept, left_out
 
@@ -226,15 +258,19 @@ def _semantic_diff(changes: list[FileChange], rules: Rules, scratch: ScratchRepo
     oids = [oid for c in python for oid in (c.old_oid, c.new_oid) if oid is not None]
     contents = scratch.read_blobs(oids)
     upstream_facts, fork_facts = PythonFacts(), PythonFacts()
+    too_large = set()
     for change in python:
-        if change.old_oid is not None:
-            old_path = os.fsdecode(change.old_path or change.path)
-            upstream_facts.add_source(old_path, contents[change.old_oid], rules.semantic)
-        if change.new_oid is not None:
-            fork_facts.add_source(
-                os.fsdecode(change.path), contents[change.new_oid], rules.semantic
-            )
-    return compare_facts(upstream_facts, fork_facts)
+        for oid, path, facts in (
+            (change.old_oid, change.old_path or change.path, upstream_facts),
+            (change.new_oid, change.path, fork_facts),
+        ):
+            if oid is None:
+                continue
+            if len(contents[oid]) > MAX_PARSED_BYTES:
+                too_large.add(os.fsdecode(path))
+                continue
+            facts.add_source(os.fsdecode(path), contents[oid], rules.semantic)
+    return replace(compare_facts(upstream_facts, fork_facts), too_large=sorted(too_large))
 
 
 def _is_python(change: FileChange) -> bool:
@@ -303,11 +339,14 @@ def _keywords(lines: list[bytes], keywords: tuple[str, ...]) -> list[str]:
 
     "int8" matches `int8_t` and `scaled_int8_quant` but not `uint8`.
     """
-    changed = b"\n".join(line[1:] for line in lines)
+    # Lowercased once: a keyword the lines do not hold costs one substring search, not a scan
+    # of a regular expression (a 16 MiB file's lines took half a second per keyword).
+    changed = b"\n".join(line[1:] for line in lines).lower()
     return [
         keyword
         for keyword in keywords
-        if re.search(rb"(?<![a-z0-9])" + re.escape(keyword.encode()), changed, re.IGNORECASE)
+        if (word := keyword.lower().encode()) in changed
+        and re.search(rb"(?<![a-z0-9])" + re.escape(word), changed)
     ]
 
 

@@ -17,6 +17,10 @@ class ScopeError(AuditError):
     """Raised when `--scope` names a prefix that no compared file lies under."""
 
 
+class BudgetError(AuditError):
+    """Raised when an audit would read more bytes than its budget (`MAX_READ_BYTES`)."""
+
+
 class FetchError(AuditError):
     """Raised when a file cannot be fetched from the configured package index."""
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from forkaudit._errors import ScopeError, SpecError
 from forkaudit._git import RepositoryView, run_git
-from forkaudit._sources import Entry, list_tree, open_repo, open_spec, resolve_commit
+from forkaudit._snapshot import Entry
+from forkaudit._sources import list_tree, open_repo, open_spec, resolve_commit
 
 RANKING_SIZE = 5
 

@@ -7,7 +7,7 @@ message naming two features on a commit that differs from upstream in 189 files 
 import re
 
 from forkaudit._git import run_git
-from forkaudit._sources import Snapshot
+from forkaudit._snapshot import Snapshot
 
 # Separators between topics in a subject such as "[Arch] Support bmz and nmz".
 _TOPIC_SEPARATORS = re.compile(r",|;|&|\+|\band\b|\bplus\b", re.IGNORECASE)

@@ -26,7 +26,7 @@ from typing import Any, Literal, get_args
 
 from forkaudit._errors import HooksError, HooksFileError
 from forkaudit._report import EXCERPT_CHARS, EXCERPT_LINES
-from forkaudit._sources import LARGE_FILE_BYTES, MODE_GITLINK, MODE_SYMLINK, Snapshot
+from forkaudit._snapshot import LARGE_FILE_BYTES, MODE_GITLINK, MODE_SYMLINK, Snapshot
 from forkaudit._symbols import (
     SYMBOL_KINDS,
     Definition,

@@ -9,6 +9,7 @@ against the index's sha256 and kept in a cache directory.
 import hashlib
 import json
 import os
+import re
 import ssl
 import subprocess
 import sys
@@ -107,6 +108,24 @@ def read_pip_config() -> PipIndexConfig:
     )
 
 
+# A project name as PEP 508 spells it.
+_PROJECT_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+# The longest file name a file system takes.
+_MAX_FILE_NAME_BYTES = 255
+
+
+def is_plain_file_name(name: str) -> bool:
+    """Whether NAME, a file name an index gives, names a file in the cache folder itself: no
+    folder part, no leading dot, nothing a file system refuses (NUL, too long)."""
+    return (
+        bool(name)
+        and not name.startswith(".")
+        and not any(char in name for char in "/\\\0")
+        and name.isprintable()
+        and len(os.fsencode(name)) <= _MAX_FILE_NAME_BYTES
+    )
+
+
 def fetch_from_index(spec: str, requirement: str, kind: str, cache_dir: Path | None) -> Path:
     """Download the sdist or wheel (KIND) of NAME==VERSION, or reuse the cached copy."""
     name, separator, version = requirement.partition("==")
@@ -114,6 +133,9 @@ def fetch_from_index(spec: str, requirement: str, kind: str, cache_dir: Path | N
         msg = f"`{spec}`: expected NAME==VERSION after the prefix, got {requirement!r}"
         raise SpecError(msg)
     name, version = name.strip(), version.strip()
+    if not _PROJECT_NAME.fullmatch(name):
+        msg = f"`{spec}`: {name!r} is not a project name (letters, digits, '.', '_', '-')"
+        raise SpecError(msg)
     cache = (cache_dir or default_cache_dir()) / canonicalize_name(name)
     cached = _pick(kind, name, version, [_Link(p.name, p.as_uri(), None) for p in _files(cache)])
     if cached is not None:
@@ -166,13 +188,15 @@ def _pick(kind: str, name: str, version: str, links: list[_Link]) -> _Link | Non
 
 
 def _links_from_indexes(config: PipIndexConfig, name: str) -> list[_Link]:
+    """The links of every configured index that name a plain file (`is_plain_file_name`): an
+    index's file name becomes a path in the cache, so one with a folder part is not used."""
     links: list[_Link] = []
     for index_url in config.index_urls:
         page = index_url.rstrip("/") + "/" + canonicalize_name(name) + "/"
         links += _read_page(page, config)
     for location in config.find_links:
         links += _read_find_links(location, config)
-    return links
+    return [link for link in links if is_plain_file_name(link.filename)]
 
 
 def _read_find_links(location: str, config: PipIndexConfig) -> list[_Link]:
@@ -295,5 +319,10 @@ def _download(spec: str, link: _Link, cache: Path, config: PipIndexConfig) -> Pa
             f"the index says {link.sha256}"
         )
         raise FetchError(msg)
-    Path(partial.name).replace(target)
+    try:
+        Path(partial.name).replace(target)
+    except OSError as error:
+        Path(partial.name).unlink(missing_ok=True)
+        msg = f"`{spec}`: cannot keep {link.filename} in {cache}: {error.strerror or error}"
+        raise FetchError(msg) from None
     return target

@@ -35,8 +35,10 @@ EVIDENCE_KINDS: tuple[EvidenceKind, ...] = get_args(EvidenceKind)
 # The dtype each dtype question asks about, named at the start of a word: "int8" in `int8_t`,
 # not in `uint8`.
 _DTYPES: dict[QuestionId, str] = {"fp8_kv_cache": "fp8", "int8_kv_cache": "int8"}
-_DTYPE_NAMES: dict[QuestionId, re.Pattern[str]] = {
-    question: re.compile(rf"(?<![a-z0-9]){dtype}", re.IGNORECASE)
+# Matched in lowercased bytes: the same as a case-insensitive match, and a dtype the text does
+# not hold at all costs one substring search instead of a regular expression's scan.
+_DTYPE_NAMES: dict[QuestionId, tuple[bytes, re.Pattern[bytes]]] = {
+    question: (dtype.encode(), re.compile(rb"(?<![a-z0-9])" + dtype.encode()))
     for question, dtype in _DTYPES.items()
 }
 
@@ -58,12 +60,16 @@ def dtype_mentions(lines: list[bytes]) -> tuple[QuestionId, ...]:
     """The dtype questions whose dtype the changed LINES (`+` or `-` first) name more often in
     the added lines than in the removed ones, or less often: a line that lists a dtype beside
     a new one, or that only moves, names it as often before as after."""
-    added = "\n".join(line[1:].decode("utf-8", "replace") for line in lines if line[:1] == b"+")
-    removed = "\n".join(line[1:].decode("utf-8", "replace") for line in lines if line[:1] == b"-")
+    added = b"\n".join(line[1:] for line in lines if line[:1] == b"+").lower()
+    removed = b"\n".join(line[1:] for line in lines if line[:1] == b"-").lower()
+
+    def count(text: bytes, name: bytes, pattern: re.Pattern[bytes]) -> int:
+        return len(pattern.findall(text)) if name in text else 0
+
     return tuple(
         question
-        for question, name in _DTYPE_NAMES.items()
-        if len(name.findall(added)) != len(name.findall(removed))
+        for question, (name, pattern) in _DTYPE_NAMES.items()
+        if count(added, name, pattern) != count(removed, name, pattern)
     )
 
 
@@ -155,12 +161,14 @@ def answer_questions(
 def _answers(question: QuestionId, fact: Fact) -> bool:
     """Whether FACT is evidence for QUESTION."""
     if question in _DTYPE_NAMES:
-        name = _DTYPE_NAMES[question]
+        _name, pattern = _DTYPE_NAMES[question]
         if fact.subject == "cache_dtype":
-            return bool(name.search(fact.name))
-        if fact.subject == "backend_kv_cache_dtype":
-            return bool(name.search(fact.new or fact.old or ""))
-        return False
+            named = fact.name
+        elif fact.subject == "backend_kv_cache_dtype":
+            named = fact.new or fact.old or ""
+        else:
+            return False
+        return bool(pattern.search(named.lower().encode()))
     subject = {
         "attention_backend": "attention_backend",
         "backend_kv_cache_dtypes": "backend_kv_cache_dtype",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from forkaudit._sources import LARGE_FILE_BYTES
+from forkaudit._snapshot import LARGE_FILE_BYTES
 
 if TYPE_CHECKING:
     from forkaudit._report import AuditReport
@@ -104,6 +104,7 @@ def record_parts(report: AuditReport, artifacts: Mapping[str, str]) -> RecordPar
         "vendor_risk_changes": _scalar(verdict["finding_files"]),
         "vendor_risk_files": _scalar(verdict["risk_files"]),
         "record_mismatch_files": _scalar(verdict["record_files"]),
+        "integrity_problem_files": _scalar(verdict["integrity_files"]),
         "vendor_risk_stream_a": _scalar(by_stream["A"]),
         "vendor_risk_stream_b": _scalar(by_stream["B"]),
         "vendor_risk_stream_c": _scalar(by_stream["C"]),

@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING, Literal, get_args
 from forkaudit._artifacts import LEFT_OUT_REASONS
 from forkaudit._questions import Answer, Evidence
 from forkaudit._rules import STREAMS, Group, Rules
-from forkaudit._sources import LARGE_FILE_BYTES
+from forkaudit._snapshot import LARGE_FILE_BYTES
 
 if TYPE_CHECKING:
     from forkaudit._hooks import HookCheck, HookResult
 
-#: What a change is, as records carry it: the file's change, or a fork file that fails its
-#: RECORD check (`record-` and the problem's code).
+#: What a change is, as records carry it: the file's change, a fork file that fails its RECORD
+#: check (`record-` and the problem's code), or a fork file with an integrity problem (a name
+#: that resolves elsewhere or twice, bytecode that is not its source's; `_snapshot`).
 ChangeKind = Literal[
     "added",
     "deleted",
@@ -24,11 +25,35 @@ ChangeKind = Literal[
     "record-missing",
     "record-content-differs",
     "record-unknown-algorithm",
+    "record-weak-algorithm",
+    "record-unhashed",
+    "record-not-listed",
+    "name-outside-root",
+    "name-not-normal",
+    "name-duplicate",
+    "bytecode-differs",
+    "bytecode-unchecked",
+    "bytecode-without-source",
 ]
 _RECORD_CHANGES: dict[str, ChangeKind] = {
     "missing": "record-missing",
     "content-differs": "record-content-differs",
     "unknown-algorithm": "record-unknown-algorithm",
+    "weak-algorithm": "record-weak-algorithm",
+    "unhashed": "record-unhashed",
+    "not-listed": "record-not-listed",
+}
+#: The integrity problems (`_snapshot.INTEGRITY_PROBLEMS`), as changes: their own codes.
+_INTEGRITY_CHANGES: dict[str, ChangeKind] = {
+    code: code
+    for code in (
+        "name-outside-root",
+        "name-not-normal",
+        "name-duplicate",
+        "bytecode-differs",
+        "bytecode-unchecked",
+        "bytecode-without-source",
+    )
 }
 CHANGE_KINDS: tuple[ChangeKind, ...] = get_args(ChangeKind)
 #: How a file was compared: line by line (text), as binary, or by blob id alone (large).
@@ -51,6 +76,8 @@ _LABELS = {
         "semantic": "Semantic changes",
         "left_out": "Left out of the diff",
         "record": "Files that do not match their RECORD hash",
+        "integrity": "Integrity problems (member names, bytecode)",
+        "member": "Member as written",
         "history": "History",
         "file": "File",
         "status": "Status",
@@ -120,6 +147,8 @@ _LABELS = {
         "semantic": "语义改动",
         "left_out": "未纳入比较的文件",
         "record": "与 RECORD 哈希不符的文件",
+        "integrity": "完整性问题（成员名称、字节码）",
+        "member": "原始成员名",
         "history": "提交历史",
         "file": "文件",
         "status": "状态",
@@ -344,6 +373,8 @@ class AuditReport:
     patch_bytes: bytes
     #: The plugin hooks check, when a hooks file was given.
     hooks: "HookCheck | None" = None
+    #: Integrity problems per side (`fork`, `upstream`): `path`, `member`, `code`, `problem`.
+    integrity: dict[str, list[dict[str, str]]] = field(default_factory=dict)
 
     def patch(self) -> str:
         """The full unified patch (with binary hunks), upstream to fork, as `git diff -M`; large
@@ -375,10 +406,11 @@ class AuditReport:
 
     def findings(self) -> list[Finding]:
         """Vendor changes (or unattributed ones) in risk areas, one per stream they touch, and
-        fork files that fail their RECORD check.
+        fork files that fail their RECORD check or have an integrity problem.
 
         Without a base, a change cannot be told from upstream drift, so it counts as the
-        vendor's. A fork file that does not match its RECORD hash is always a finding.
+        vendor's. A fork file that does not match its RECORD, or that a member name hides or
+        bytecode stands in for, is always a finding.
         """
         findings = [
             Finding.of_file(f, stream)
@@ -399,6 +431,20 @@ class AuditReport:
                         reason=f"patched after install: {mismatch['problem']}",
                     )
                 )
+        for problem in self.integrity.get("fork", []):
+            classification = self.rules.classify(problem["path"])
+            member = problem["member"]
+            written = f" (written {member!r})" if member != problem["path"] else ""
+            for stream in classification.streams or (None,):
+                findings.append(
+                    Finding(
+                        stream=stream,
+                        path=problem["path"],
+                        area=classification.area,
+                        change=_INTEGRITY_CHANGES[problem["code"]],
+                        reason=f"{problem['problem']}{written}",
+                    )
+                )
         return findings
 
     def verdict(self) -> dict[str, object]:
@@ -407,13 +453,19 @@ class AuditReport:
         line (`summary`).
 
         `finding_files` counts the files of all findings (what the pipeline's gate judges);
-        `risk_files` the changed files among them, `record_files` those failing RECORD (a file
-        can be both); `risk_files_by_stream` the files of the findings of each stream.
+        `risk_files` the changed files among them, `record_files` those failing RECORD,
+        `integrity_files` those with an integrity problem (a file can be several);
+        `risk_files_by_stream` the files of the findings of each stream.
         """
         findings = self.findings()
         total = self.summary()["total"]
         record_files = {f.path for f in findings if f.change.startswith("record-")}
-        risk_files = {f.path for f in findings if not f.change.startswith("record-")}
+        integrity_files = {f.path for f in findings if f.change in _INTEGRITY_CHANGES}
+        risk_files = {
+            f.path
+            for f in findings
+            if not f.change.startswith("record-") and f.change not in _INTEGRITY_CHANGES
+        }
         per_stream = {
             key: len({f.path for f in findings if f.stream == stream})
             for key, stream in (*((s, s) for s in STREAMS), ("none", None))
@@ -421,6 +473,8 @@ class AuditReport:
         if findings:
             streams = ", ".join(f"{s}: {n}" for s, n in per_stream.items() if n)
             record = f", {len(record_files)} fail their RECORD check" if record_files else ""
+            if integrity_files:
+                record += f", {len(integrity_files)} fail an integrity check (names, bytecode)"
             summary = (
                 f"Surprise patch: {len(risk_files)} of {total} changed files are vendor changes "
                 f"in risk areas{record} ({streams})"
@@ -436,9 +490,10 @@ class AuditReport:
             "surprise": bool(findings),
             "summary": summary,
             "changed_files": total,
-            "finding_files": len(risk_files | record_files),
+            "finding_files": len(risk_files | record_files | integrity_files),
             "risk_files": len(risk_files),
             "record_files": len(record_files),
+            "integrity_files": len(integrity_files),
             "risk_files_by_stream": per_stream,
             "base_given": self.base is not None,
             "findings": [f.to_dict() for f in findings],
@@ -463,6 +518,7 @@ class AuditReport:
             "files": [f.to_dict() for f in self.files],
             "left_out": self.left_out,
             "record_mismatches": self.record_mismatches,
+            "integrity": self.integrity,
             "env_vars": self.env_vars,
             "semantic": self.semantic,
             "questions": [answer.to_dict() for answer in self.questions],
@@ -527,6 +583,15 @@ class _MarkdownWriter:
                 [side, _code(m["path"]), m["problem"]]
                 for side, ms in report.record_mismatches.items()
                 for m in ms
+            ],
+        )
+        self._simple_table(
+            t["integrity"],
+            [t["side"], t["file"], t["member"], t["reason"]],
+            [
+                [side, _code(p["path"]), _code(p["member"]), p["problem"]]
+                for side, problems in report.integrity.items()
+                for p in problems
             ],
         )
         self._history()

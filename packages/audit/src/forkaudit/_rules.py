@@ -6,7 +6,9 @@ matches claims a file; a file no group claims lands in the generated "other" are
 always shows. Unknown keys are errors, not silent no-ops.
 """
 
+import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from importlib.resources import files
@@ -182,7 +184,12 @@ def load_rules(path: Path | None = None) -> Rules:
         resource = files("forkaudit") / "rules" / DEFAULT_RULES_NAME
         return parse_rules(resource.read_text(encoding="utf-8"), f"forkaudit:{DEFAULT_RULES_NAME}")
     try:
-        with path.open("rb") as file:
+        # Not blocking on open, and only a regular file is read: a FIFO would wait for a writer.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(descriptor, "rb") as file:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                msg = f"{str(path)!r} is not a regular file (a FIFO, a device or a folder)"
+                raise RulesFileError(msg)
             data = file.read(MAX_RULES_BYTES + 1)
     except OSError as error:
         msg = f"cannot read {str(path)!r}: {error.strerror}"

@@ -1,121 +1,76 @@
-"""Turning a SPEC into a snapshot: every file of a tree with its git mode and blob id.
-
-Blob ids are computed exactly as git computes them, so a git tree, an sdist, a wheel, an
-installed distribution and a plain directory can all be compared id by id. A file over
-`LARGE_FILE_BYTES` is hashed while it is read and never held in memory: it is compared by blob
-id only (see `_audit`).
+"""Turning a SPEC into a snapshot (`_snapshot`): a git revision, a directory or an installed
+distribution here, an sdist or a wheel in `_archives`, fetched from the package index by `_pypi`.
 """
 
-import base64
-import csv
 import hashlib
 import importlib.metadata
-import lzma
 import os
 import stat
-import tarfile
-import zipfile
-import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import git
 
+from forkaudit._archives import open_sdist, open_wheel
+from forkaudit._distrecord import UNHASHED_NAMES, mismatch, record_algorithm, record_mismatch
 from forkaudit._errors import GitError, SpecError
 from forkaudit._git import RepositoryView, run_git
 from forkaudit._pypi import fetch_from_index
-
-MODE_FILE = "100644"
-MODE_EXECUTABLE = "100755"
-MODE_SYMLINK = "120000"
-MODE_GITLINK = "160000"
-_MODE_TREE = "40000"
-
-#: Kinds whose files come out of a build, so build-written files may be recognised and left out.
-ARTIFACT_KINDS = frozenset({"sdist", "wheel", "installed"})
-
-#: A file over this many bytes is large: hashed while read, compared by blob id, never diffed.
-#: Diffing costs about 35 times a file's size in memory (a 16.8 MB text file: 586 MiB peak in
-#: benchmarks/benchmark_memory.py); vLLM's largest text file is 1.5 MB.
-LARGE_FILE_BYTES = 16 << 20
-_READ_CHUNK = 1 << 20
+from forkaudit._snapshot import (
+    MODE_SYMLINK,
+    Entry,
+    ReadBudget,
+    Snapshot,
+    SnapshotBuilder,
+    file_mode,
+    member_path,
+)
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One tracked path: its git mode and its git object id (a commit id for a gitlink)."""
-
-    mode: str
-    oid: str
-
-
-@dataclass
-class Snapshot:
-    """The files of one side of the audit, keyed by their path as raw bytes."""
-
-    spec: str
-    kind: str
-    entries: dict[bytes, Entry]
-    #: Contents by blob id, for sides that are not git repositories (git reads its own), except
-    #: large files, whose content is never kept.
-    blobs: dict[str, bytes] = field(default_factory=dict)
-    #: Sizes by blob id: every blob of a side that is not a git repository; those of a git side
-    #: as far as they were asked for (`_audit` asks git for the changed ones).
-    sizes: dict[str, int] = field(default_factory=dict)
-    commit: str | None = None
-    #: The git directory git reads a git side through (see `_git.RepositoryView`), for git
-    #: sides, which read their blobs and history from it.
-    git_dir: Path | None = None
-    #: The view itself, kept as long as the snapshot (the view's folder goes with it).
-    view: RepositoryView | None = None
-    #: Files whose content does not match the distribution's RECORD (wheel and installed).
-    record_mismatches: list[dict[str, str]] = field(default_factory=list)
-    #: Files of the distribution that lie outside its install root, so are not compared.
-    outside_root: list[str] = field(default_factory=list)
-
-    def tree_id(self) -> str:
-        """The git tree id these entries would have if committed (matches `git write-tree`)."""
-        return _hash_tree(self.entries)
-
-
-def blob_id(data: bytes) -> str:
-    """The id git gives a blob holding DATA."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
-
-
-def open_spec(spec: str, *, scope: str | None = None, cache_dir: Path | None = None) -> Snapshot:
+def open_spec(
+    spec: str,
+    *,
+    scope: str | None = None,
+    cache_dir: Path | None = None,
+    budget: ReadBudget | None = None,
+) -> Snapshot:
     """Read the snapshot a SPEC names; a plain PATH[@REV] means a git repository.
 
     SCOPE (a prefix such as `vllm/`) keeps only the paths under it; outside it nothing counts.
+    BUDGET counts the bytes read (the audit's, shared by its sides; a new one if None).
     """
-    snapshot = _open_unscoped(spec, cache_dir)
+    snapshot = _open_unscoped(spec, cache_dir, budget or ReadBudget())
     if scope:
         prefix = os.fsencode(scope)
         snapshot.entries = {p: e for p, e in snapshot.entries.items() if p.startswith(prefix)}
         snapshot.record_mismatches = [
             m for m in snapshot.record_mismatches if m["path"].startswith(scope)
         ]
+        # A name outside the root has no place in any subtree: it stays whatever the scope.
+        snapshot.problems = [
+            p
+            for p in snapshot.problems
+            if p["path"].startswith(scope) or p["code"] == "name-outside-root"
+        ]
     return snapshot
 
 
-def _open_unscoped(spec: str, cache_dir: Path | None) -> Snapshot:
+def _open_unscoped(spec: str, cache_dir: Path | None, budget: ReadBudget) -> Snapshot:
     kind, _, target = spec.partition(":")
     if kind == "git":
         return _open_git(spec, target)
     if kind == "dir":
-        return _open_dir(spec, Path(target))
+        return _open_dir(spec, Path(target), budget)
     if kind == "sdist":
-        return _open_sdist(spec, _existing_file(spec, target))
+        return open_sdist(spec, _existing_file(spec, target), budget)
     if kind == "wheel":
-        return _open_wheel(spec, _existing_file(spec, target))
+        return open_wheel(spec, _existing_file(spec, target), budget)
     if kind == "pypi":
-        return _open_sdist(spec, fetch_from_index(spec, target, "sdist", cache_dir))
+        return open_sdist(spec, fetch_from_index(spec, target, "sdist", cache_dir), budget)
     if kind == "pypi-wheel":
-        return _open_wheel(spec, fetch_from_index(spec, target, "wheel", cache_dir))
+        return open_wheel(spec, fetch_from_index(spec, target, "wheel", cache_dir), budget)
     if kind == "installed":
-        return _open_installed(spec, target)
+        return _open_installed(spec, target, budget)
     return _open_git(spec, spec)
 
 
@@ -196,80 +151,22 @@ def _open_git(spec: str, target: str) -> Snapshot:
     )
 
 
-class _SnapshotBuilder:
-    """Collects files read from an archive or a directory, hashing them as git does."""
-
-    def __init__(self, spec: str, kind: str) -> None:
-        self.snapshot = Snapshot(spec=spec, kind=kind, entries={})
-
-    def add(self, path: bytes, data: bytes, mode: str) -> None:
-        oid = blob_id(data)
-        self.snapshot.entries[path] = Entry(mode, oid)
-        self.snapshot.blobs[oid] = data
-        self.snapshot.sizes[oid] = len(data)
-
-    def add_file(
-        self, path: bytes, mode: str, size: int, stream: IO[bytes], digest_name: str | None = None
-    ) -> bytes | None:
-        """Add SIZE bytes read from STREAM; return their DIGEST_NAME digest (for RECORD checks).
-
-        A large file is read in chunks, each hashed and dropped, so memory stays flat.
-        """
-        digest = hashlib.new(digest_name) if digest_name else None
-        if size <= LARGE_FILE_BYTES:
-            data = stream.read(size + 1)
-            self._check_size(path, size, len(data))
-            self.add(path, data, mode)
-            if digest:
-                digest.update(data)
-            return digest.digest() if digest else None
-        blob = hashlib.sha1(b"blob %d\0" % size, usedforsecurity=False)
-        read = 0
-        while chunk := stream.read(_READ_CHUNK):
-            read += len(chunk)
-            if read > size:
-                break
-            blob.update(chunk)
-            if digest:
-                digest.update(chunk)
-        self._check_size(path, size, read)
-        oid = blob.hexdigest()
-        self.snapshot.entries[path] = Entry(mode, oid)
-        self.snapshot.sizes[oid] = size
-        return digest.digest() if digest else None
-
-    def _check_size(self, path: bytes, expected: int, read: int) -> None:
-        if read != expected:
-            msg = (
-                f"`{self.snapshot.spec}`: {os.fsdecode(path)!r} should hold {expected} bytes "
-                f"but {'more' if read > expected else read} were read (did it change meanwhile?)"
-            )
-            raise SpecError(msg)
-
-
-def _file_mode(st_mode: int) -> str:
-    if stat.S_ISLNK(st_mode):
-        return MODE_SYMLINK
-    # git records only whether the owner may execute the file.
-    return MODE_EXECUTABLE if st_mode & stat.S_IXUSR else MODE_FILE
-
-
-def _open_dir(spec: str, root: Path) -> Snapshot:
+def _open_dir(spec: str, root: Path, budget: ReadBudget) -> Snapshot:
     if not root.is_dir():
         msg = f"`{spec}`: directory {str(root)!r} does not exist"
         raise SpecError(msg)
-    builder = _SnapshotBuilder(spec, "dir")
+    builder = SnapshotBuilder(spec, "dir", budget)
     for relative, absolute in _walk_files(os.fsencode(root)):
         try:
             _add_from_disk(builder, relative, Path(os.fsdecode(absolute)))
         except OSError as error:
             msg = f"`{spec}`: cannot read {os.fsdecode(absolute)!r}: {error.strerror}"
             raise SpecError(msg) from None
-    return builder.snapshot
+    return builder.finish()
 
 
 def _add_from_disk(
-    builder: _SnapshotBuilder, path: bytes, location: Path, digest_name: str | None = None
+    builder: SnapshotBuilder, path: bytes, location: Path, digest_name: str | None = None
 ) -> bytes | None:
     """Add the file or symlink at LOCATION as PATH; return its DIGEST_NAME digest if asked."""
     st = location.lstat()
@@ -284,7 +181,7 @@ def _add_from_disk(
         builder.add(path, target, MODE_SYMLINK)
         return hashlib.new(digest_name, target).digest() if digest_name else None
     with location.open("rb") as stream:
-        return builder.add_file(path, _file_mode(st.st_mode), st.st_size, stream, digest_name)
+        return builder.add_file(path, file_mode(st.st_mode), st.st_size, stream, digest_name)
 
 
 def _walk_files(root: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -312,208 +209,82 @@ def _walk_files(root: bytes) -> Iterator[tuple[bytes, bytes]]:
                 yield child_relative, child.path
 
 
-def _open_sdist(spec: str, file: Path) -> Snapshot:
-    builder = _SnapshotBuilder(spec, "sdist")
-    try:
-        with tarfile.open(file, "r:*") as archive:
-            members = [m for m in archive.getmembers() if m.isfile() or m.issym() or m.islnk()]
-            top = _common_top_dir([m.name for m in members])
-            for member in members:
-                path = os.fsencode(member.name[len(top) :])
-                if member.issym():
-                    builder.add(path, os.fsencode(member.linkname), MODE_SYMLINK)
-                    continue
-                # A hard link holds no data of its own: it reads as the member it names.
-                content = _link_target(spec, archive, member) if member.islnk() else member
-                extracted = archive.extractfile(content)
-                if extracted is None:
-                    continue
-                mode = MODE_EXECUTABLE if member.mode & stat.S_IXUSR else MODE_FILE
-                with extracted:
-                    builder.add_file(path, mode, content.size, extracted)
-    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError) as error:
-        if isinstance(error, OSError) and error.strerror:  # the file itself: permissions, I/O
-            msg = f"`{spec}`: cannot read sdist {str(file)!r}: {error.strerror}"
-        else:  # not an archive, or a truncated or corrupt one; tarfile's own message lists
-            # every decompressor it tried, over several lines, so it is not repeated here
-            msg = (
-                f"`{spec}`: file {str(file)!r} is not a readable tar archive "
-                "(.tar.gz, .tar.bz2 or .tar.xz)"
-            )
-        raise SpecError(msg) from None
-    return builder.snapshot
+_UNHASHED_SUFFIXES = tuple(f".dist-info/{name}" for name in UNHASHED_NAMES)
 
 
-def _link_target(spec: str, archive: tarfile.TarFile, member: tarfile.TarInfo) -> tarfile.TarInfo:
-    try:
-        return archive.getmember(member.linkname)
-    except KeyError:
-        msg = f"`{spec}`: {member.name!r} is a hard link to {member.linkname!r}, which is missing"
-        raise SpecError(msg) from None
-
-
-def _common_top_dir(names: list[str]) -> str:
-    """The `name-version/` directory every member of an sdist sits in ('' if there is none)."""
-    tops = {name.split("/", 1)[0] for name in names}
-    if len(tops) == 1 and all("/" in name for name in names):
-        return tops.pop() + "/"
-    return ""
-
-
-def _open_wheel(spec: str, file: Path) -> Snapshot:
-    builder = _SnapshotBuilder(spec, "wheel")
-    try:
-        with zipfile.ZipFile(file) as archive:
-            files = [info for info in archive.infolist() if not info.is_dir()]
-            # RECORD is read first, so each file's RECORD digest is taken in the same pass.
-            record = _read_wheel_record(spec, archive, files)
-            digests = {}
-            for info in files:
-                unix_mode = info.external_attr >> 16
-                mode = _file_mode(unix_mode) if unix_mode else MODE_FILE
-                algorithm = _record_algorithm(record.get(info.filename))
-                with archive.open(info) as stream:
-                    digest = builder.add_file(
-                        os.fsencode(info.filename), mode, info.file_size, stream, algorithm
-                    )
-                if digest is not None:
-                    digests[info.filename] = digest
-    except (zipfile.BadZipFile, OSError) as error:
-        msg = f"`{spec}`: cannot read wheel {str(file)!r}: {error}"
-        raise SpecError(msg) from None
-    snapshot = builder.snapshot
-    present = {info.filename for info in files}
-    snapshot.record_mismatches = [
-        mismatch
-        for path, hash_field in record.items()
-        if (mismatch := _record_mismatch(path, hash_field, path in present, digests.get(path)))
-    ]
-    return snapshot
-
-
-def _read_wheel_record(
-    spec: str, archive: zipfile.ZipFile, files: list[zipfile.ZipInfo]
-) -> dict[str, str]:
-    """The hashed rows of the wheel's RECORD, path -> `algorithm=digest`, in RECORD's order."""
-    info = next((i for i in files if i.filename.endswith(".dist-info/RECORD")), None)
-    if info is None:
-        return {}
-    if info.file_size > LARGE_FILE_BYTES:
-        msg = f"`{spec}`: {info.filename} holds {info.file_size} bytes; a RECORD is small"
-        raise SpecError(msg)
-    text = archive.read(info).decode("utf-8", "replace")
-    try:
-        rows = list(csv.reader(text.splitlines()))
-    except csv.Error as error:
-        msg = f"`{spec}`: {info.filename} is not a valid RECORD (CSV): {error}"
-        raise SpecError(msg) from None
-    # RECORD lists itself (and maybe .pyc files) without a hash; a path listed twice keeps
-    # its last row.
-    return {row[0]: row[1] for row in rows if len(row) >= 2 and row[1]}
-
-
-#: Hash algorithms a RECORD may name: hashlib's guaranteed ones of fixed length.
-_RECORD_ALGORITHMS = frozenset(hashlib.algorithms_guaranteed) - {"shake_128", "shake_256"}
-
-#: Why a file fails its RECORD check, as a code (which records carry) and in words.
-RECORD_PROBLEMS = {
-    "missing": "listed in RECORD but missing",
-    "content-differs": "content does not match its RECORD {algorithm} hash",
-    "unknown-algorithm": "RECORD uses unknown hash algorithm {algorithm!r}",
-}
-
-
-def _record_algorithm(hash_field: str | None) -> str | None:
-    algorithm = (hash_field or "").partition("=")[0]
-    return algorithm if algorithm in _RECORD_ALGORITHMS else None
-
-
-def _record_mismatch(
-    path: str, hash_field: str, present: bool, digest: bytes | None
-) -> dict[str, str] | None:
-    """The RECORD problem of PATH, whose content has DIGEST by HASH_FIELD's algorithm; None if
-    it matches. HASH_FIELD is a RECORD hash such as `sha256=<urlsafe base64>`."""
-    algorithm, _, expected = hash_field.partition("=")
-    if not present:
-        code = "missing"
-    elif algorithm not in _RECORD_ALGORITHMS or digest is None:
-        code = "unknown-algorithm"
-    elif base64.urlsafe_b64encode(digest).rstrip(b"=").decode() != expected:
-        code = "content-differs"
-    else:
-        return None
-    return {
-        "path": path,
-        "code": code,
-        "algorithm": algorithm,
-        "problem": RECORD_PROBLEMS[code].format(algorithm=algorithm),
-    }
-
-
-def _open_installed(spec: str, name: str) -> Snapshot:
+def _open_installed(spec: str, name: str, budget: ReadBudget) -> Snapshot:
+    """The files of an installed distribution: those its RECORD lists, checked against it, and
+    every other file in the folders they lie in that no other installed distribution's RECORD
+    lists (`not-listed`)."""
     try:
         distribution = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
         msg = f"`{spec}`: distribution {name!r} is not installed in this environment"
         raise SpecError(msg) from None
-    builder = _SnapshotBuilder(spec, "installed")
+    builder = SnapshotBuilder(spec, "installed", budget)
     snapshot = builder.snapshot
+    root = Path(str(distribution.locate_file("")))
+    listed = set()
     for package_path in distribution.files or []:
         relative = package_path.as_posix()
-        if ".." in package_path.parts:
+        if member_path(relative) is None:  # console scripts and data files: ../../bin/vllm
             snapshot.outside_root.append(relative)
             continue
-        location = Path(str(distribution.locate_file(package_path)))
+        path = builder.place(relative)
+        if path is None:
+            continue
+        resolved = os.fsdecode(path)
+        listed.add(resolved)
         hash_field = (
-            f"{package_path.hash.mode}={package_path.hash.value}" if package_path.hash else None
+            f"{package_path.hash.mode}={package_path.hash.value}" if package_path.hash else ""
         )
-        try:
-            digest = _add_from_disk(
-                builder, os.fsencode(relative), location, _record_algorithm(hash_field)
-            )
-        except FileNotFoundError:
-            digest, present = None, False
-        except OSError as error:
-            msg = f"`{spec}`: cannot read {str(location)!r}: {error.strerror}"
-            raise SpecError(msg) from None
-        else:
-            present = True
-        if hash_field is None and present:
+        digest, present = _read_installed(spec, builder, path, root / resolved, hash_field)
+        # RECORD lists itself, and the bytecode the installer compiled (checked against its
+        # source by the audit), without a hash.
+        if not hash_field and present and resolved.endswith((".pyc", *_UNHASHED_SUFFIXES)):
             continue
-        mismatch = _record_mismatch(relative, hash_field or "", present, digest)
-        if mismatch:
-            snapshot.record_mismatches.append(mismatch)
-    return snapshot
+        found = record_mismatch(resolved, hash_field, present, digest)
+        if found:
+            snapshot.record_mismatches.append(found)
+    for relative in _unlisted(root, listed):
+        path = builder.place(relative, normal=False)
+        if path is not None:
+            _read_installed(spec, builder, path, root / relative, "")
+            if not relative.endswith(".pyc"):
+                snapshot.record_mismatches.append(mismatch(relative, "not-listed"))
+    return builder.finish()
 
 
-def _hash_tree(entries: dict[bytes, Entry]) -> str:
-    """The id of the root tree git would build for ENTRIES (as `git write-tree` does).
+def _read_installed(
+    spec: str, builder: SnapshotBuilder, path: bytes, location: Path, hash_field: str
+) -> tuple[bytes | None, bool]:
+    """Add the installed file at LOCATION as PATH: its digest by HASH_FIELD's algorithm, and
+    whether it is there."""
+    try:
+        digest = _add_from_disk(builder, path, location, record_algorithm(hash_field))
+    except FileNotFoundError:
+        return None, False
+    except OSError as error:
+        msg = f"`{spec}`: cannot read {str(location)!r}: {error.strerror}"
+        raise SpecError(msg) from None
+    return digest, True
 
-    Directories are hashed deepest first, without recursion: a tree may nest deeper than
-    Python's recursion limit.
-    """
-    # Each directory's records: (sort key, name, mode, binary id); git sorts a subtree as if
-    # its name ended in "/".
-    records: dict[bytes, list[tuple[bytes, bytes, bytes, bytes]]] = {b"": []}
-    for path, entry in entries.items():
-        parent, _, name = path.rpartition(b"/")
-        directory = parent
-        while directory not in records:  # every directory up to the root
-            records[directory] = []
-            directory = directory.rpartition(b"/")[0]
-        records[parent].append((name, name, entry.mode.encode(), bytes.fromhex(entry.oid)))
-    for directory in sorted(records, key=lambda d: d.count(b"/"), reverse=True):
-        if not directory:
+
+def _unlisted(root: Path, listed: set[str]) -> list[str]:
+    """The files in the folders of the distribution's files (its packages, its dist-info) that
+    neither its RECORD nor any other distribution's installed there lists."""
+    folders = sorted({path.split("/", 1)[0] for path in listed if "/" in path})
+    others = {
+        member_path(str(file)) or ""
+        for other in importlib.metadata.distributions(path=[str(root)])
+        for file in other.files or []
+    }
+    found = []
+    for folder in folders:
+        if not (root / folder).is_dir() or (root / folder).is_symlink():
             continue
-        if directory in entries:
-            msg = f"a path lies under {os.fsdecode(directory)!r}, a file of the same name"
-            raise SpecError(msg)
-        parent, _, name = directory.rpartition(b"/")
-        tree = bytes.fromhex(_hash_records(records[directory]))
-        records[parent].append((name + b"/", name, _MODE_TREE.encode(), tree))
-    return _hash_records(records[b""])
-
-
-def _hash_records(records: list[tuple[bytes, bytes, bytes, bytes]]) -> str:
-    body = b"".join(mode + b" " + name + b"\0" + oid for _key, name, mode, oid in sorted(records))
-    return hashlib.sha1(b"tree %d\0" % len(body) + body, usedforsecurity=False).hexdigest()
+        for relative, _absolute in _walk_files(os.fsencode(root / folder)):
+            path = f"{folder}/{os.fsdecode(relative)}"
+            if path not in listed and path not in others:
+                found.append(path)
+    return found

@@ -18,7 +18,7 @@ from types import TracebackType
 
 from forkaudit._errors import GitError
 from forkaudit._git import run_git
-from forkaudit._sources import MODE_EXECUTABLE, MODE_FILE, MODE_GITLINK, Entry, Snapshot
+from forkaudit._snapshot import MODE_EXECUTABLE, MODE_FILE, MODE_GITLINK, Entry, Snapshot
 
 # Mode changes of a type (file <-> symlink) are reported by git as T; the audit calls them M.
 _STATUS_NAMES = {"A": "A", "M": "M", "D": "D", "R": "R", "T": "M"}
