@@ -25,6 +25,15 @@ from adrkit._errors import MarkerError
 # Loose on purpose: anything that looks like a marker is checked, so a typo is an error rather
 # than human text that silently stops being regenerated.
 _MARKER = re.compile(r"<!--\s*generated:(?P<key>\S*?)\s+(?P<end>\S+)\s*-->")
+# And anything that begins like one but is not even that (`<!-- generated: KEY begin -->`, a
+# capital, no colon) is an error too, never prose.
+_NEAR_MARKER = re.compile(r"<!--\s*generated\b[^\n]*?(?:-->|$)", re.IGNORECASE | re.MULTILINE)
+# A BOM before the front matter is no character of it (an editor may write one).
+_BOM = "\ufeff"
+# Front matter is a few keys (status, date, lang); a larger block is no ADR's.
+MAX_FRONT_MATTER_BYTES = 16 * 2**10
+# MADR front matter is flat; lists of deciders nest once. Deeper is refused, not recursed into.
+MAX_FRONT_MATTER_DEPTH = 8
 _KEY = re.compile(r"[a-z0-9][a-z0-9-]*")
 LANGS = ("en", "zh")
 
@@ -82,17 +91,45 @@ def parse(path: Path, text: str) -> Document:
     return Document(path, text, front_matter, title, _blocks(path, text))
 
 
+class _FrontMatterLoader(yaml.BaseLoader):
+    """PyYAML's loader of plain strings (no tag resolved, so no value can construct anything),
+    which refuses aliases (an alias bomb expands a few hundred bytes into gigabytes) and nesting
+    deeper than `MAX_FRONT_MATTER_DEPTH` (the composer recurses)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            msg = "aliases (*name) are not allowed in front matter"
+            raise yaml.composer.ComposerError(None, None, msg, self.get_mark())
+        self.depth += 1
+        if self.depth > MAX_FRONT_MATTER_DEPTH:
+            msg = f"front matter nests deeper than {MAX_FRONT_MATTER_DEPTH} levels"
+            raise yaml.composer.ComposerError(None, None, msg, self.get_mark())
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
 def _front_matter(path: Path, text: str) -> dict[str, str]:
     newline = newline_of(text)
     fence = f"---{newline}"
-    if not text.startswith(fence):
+    start = len(_BOM) if text.startswith(_BOM) else 0
+    if not text.startswith(fence, start):
         return {}
-    end = text.find(f"{newline}{fence}", len(fence))
+    end = text.find(f"{newline}{fence}", start + len(fence))
     if end < 0:
         msg = f"{path}: front matter opened with '---' is never closed"
         raise MarkerError(msg)
+    block = text[start + len(fence) : end]
+    if len(block.encode("utf-8", "surrogatepass")) > MAX_FRONT_MATTER_BYTES:
+        msg = f"{path}: front matter is over {MAX_FRONT_MATTER_BYTES} bytes; an ADR's is a few keys"
+        raise MarkerError(msg)
     try:
-        data = yaml.safe_load(text[len(fence) : end]) or {}
+        data = yaml.load(block, Loader=_FrontMatterLoader) or {}  # noqa: S506 (a safe loader)
     except yaml.YAMLError as exc:
         msg = f"{path}: front matter is not valid YAML ({' '.join(str(exc).split())})"
         raise MarkerError(msg) from None
@@ -111,6 +148,15 @@ def _blocks(path: Path, text: str) -> tuple[Block, ...]:
     seen: set[str] = set()
     open_key: str | None = None
     open_body_start = 0
+    markers = {match.start() for match in _MARKER.finditer(text)}
+    for near in _NEAR_MARKER.finditer(text):
+        if near.start() not in markers:
+            line = text.count("\n", 0, near.start()) + 1
+            msg = (
+                f"{path}:{line}: {near.group(0)!r} looks like a marker but is not one; "
+                "expected '<!-- generated:KEY begin -->' or '<!-- generated:KEY end -->'"
+            )
+            raise MarkerError(msg)
     for match in _MARKER.finditer(text):
         key, kind = match.group("key"), match.group("end")
         line = text.count("\n", 0, match.start()) + 1

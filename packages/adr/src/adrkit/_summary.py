@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from adrkit._block_sources import BLOCK_SOURCES
+from adrkit._block_sources import BLOCK_SOURCES, BlockSource
 from adrkit._errors import AdrError, RecordError
 from adrkit._evidence import (
     Evidence,
@@ -48,6 +48,8 @@ _LABELS: dict[str, dict[str, str]] = {
         "why-no-record": "stage {stage} has no record",
         "why-no-timed": "no timed cell (functional checks only, or none ran)",
         "why-no-metric": "the record has no {metric}",
+        "why-not-a-number": "the record's {metric} is not a finite number",
+        "why-no-column": "the record's table {table} has no column {column}",
         "why-no-rows": "no rows of the kind it needs",
         "no-decisions": "No rows: {file} declares none for this block.",
         "kv-memory": "INT8 stores a token's K and V in {ratio} the bytes of the 16-bit cache",
@@ -106,6 +108,8 @@ _LABELS: dict[str, dict[str, str]] = {
         "why-no-record": "阶段 {stage} 没有记录",
         "why-no-timed": "没有计时的单元（只有功能检查，或没有运行）",
         "why-no-metric": "记录中没有 {metric}",
+        "why-not-a-number": "记录中的 {metric} 不是有限数值",
+        "why-no-column": "记录的表 {table} 没有 {column} 列",
         "why-no-rows": "没有所需类型的行",
         "no-decisions": "没有行：{file} 没有为此块声明任何行。",
         "kv-memory": "INT8 存储一个 token 的 K 和 V 所需字节为 16 位缓存的 {ratio}",
@@ -244,9 +248,15 @@ def _newest(evidence: Evidence, stage: str, wanted: Callable[[Record], bool]) ->
 
 
 def _float(value: Scalar) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    """VALUE as a finite number; None for anything else, an integer too large for a float (a
+    record may hold one of 400 digits) among it."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _number(record: Record, metric: str) -> float | None:
@@ -275,9 +285,25 @@ def _x(value: float) -> str:
 
 
 def _missing(evidence: Evidence, stage: str, metric: str, lang: str) -> NotMeasured:
-    if evidence.latest(stage) is None:
+    latest = evidence.latest(stage)
+    if latest is None:
         return NotMeasured(summary_label(lang, "why-no-record", stage=code_cell(stage)))
-    return NotMeasured(summary_label(lang, "why-no-metric", metric=code_cell(metric)))
+    key = "why-not-a-number" if metric in latest.record.metrics else "why-no-metric"
+    return NotMeasured(summary_label(lang, key, metric=code_cell(metric)))
+
+
+def _column_gap(
+    evidence: Evidence, source: BlockSource, columns: tuple[str, ...], lang: str
+) -> NotMeasured | None:
+    """Why the answer reading ``columns`` of ``source``'s table is not measured, when the newest
+    record of its stage holds that table without one of them (a record of another layout)."""
+    latest = evidence.latest(source.stage)
+    table = latest.record.tables.get(source.table) if latest is not None else None
+    absent = [c for c in columns if table is not None and c not in table.columns]
+    if not absent:
+        return None
+    fields = {"table": code_cell(source.table), "column": code_cell(absent[0])}
+    return NotMeasured(summary_label(lang, "why-no-column", **fields))
 
 
 def _measured(lang: str, key: str, figure: str, record: Record, **fields: str) -> Measured:
@@ -502,15 +528,21 @@ def _timed_e2e(record: Record, bench: str) -> list[dict[str, Scalar]]:
     ]
 
 
+_E2E_COLUMNS = ("bench", "measurement", "verdict", "value", "kv_cache_dtype", *_SHAPE)
+
+
 def _block_size(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
     def by_block(record: Record) -> dict[Scalar, float]:
         best: dict[Scalar, float] = {}
         for row in _timed_e2e(record, "throughput"):
-            if row["kv_cache_dtype"] != _INT8:
-                value = _float(row["value"]) or 0.0
-                best[row["block_size"]] = max(best.get(row["block_size"], 0.0), value)
+            if row.get("kv_cache_dtype") != _INT8:
+                value = _float(row.get("value")) or 0.0
+                block = row.get("block_size")
+                best[block] = max(best.get(block, 0.0), value)
         return best
 
+    if gap := _column_gap(evidence, _E2E, _E2E_COLUMNS, lang):
+        return gap
     record = _newest(evidence, _E2E.stage, lambda r: len(by_block(r)) > 1)
     if record is None:
         return NotMeasured(summary_label(lang, "why-no-rows"))
@@ -525,10 +557,12 @@ def _compilation(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Re
     def by_variant(record: Record) -> dict[str, float]:
         best: dict[str, float] = {}
         for row in _timed_e2e(record, "latency"):
-            name = f"O{row['compilation']} {'graphs' if row['graphs'] else 'eager'}"
-            best[name] = min(best.get(name, math.inf), _float(row["value"]) or math.inf)
+            name = f"O{row.get('compilation')} {'graphs' if row.get('graphs') else 'eager'}"
+            best[name] = min(best.get(name, math.inf), _float(row.get("value")) or math.inf)
         return best
 
+    if gap := _column_gap(evidence, _E2E, _E2E_COLUMNS, lang):
+        return gap
     record = _newest(evidence, _E2E.stage, lambda r: len(by_variant(r)) > 1)
     if record is None:
         return NotMeasured(summary_label(lang, "why-no-rows"))
@@ -540,14 +574,19 @@ def _compilation(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Re
 def _int8_e2e(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
     def ratios(record: Record) -> list[float]:
         rows = _timed_e2e(record, "throughput")
-        baseline = {tuple(r[k] for k in _SHAPE): r for r in rows if r["kv_cache_dtype"] != _INT8}
+        baseline = {
+            tuple(r.get(k) for k in _SHAPE): r for r in rows if r.get("kv_cache_dtype") != _INT8
+        }
         found = []
         for row in rows:
-            base = baseline.get(tuple(row[k] for k in _SHAPE))
-            if row["kv_cache_dtype"] == _INT8 and base is not None and _float(base["value"]):
-                found.append((_float(row["value"]) or 0.0) / (_float(base["value"]) or 1.0))
+            base = baseline.get(tuple(row.get(k) for k in _SHAPE))
+            base_value = _float(base.get("value")) if base is not None else None
+            if row.get("kv_cache_dtype") == _INT8 and base_value:
+                found.append((_float(row.get("value")) or 0.0) / base_value)
         return found
 
+    if gap := _column_gap(evidence, _E2E, _E2E_COLUMNS, lang):
+        return gap
     record = _newest(evidence, _E2E.stage, lambda r: bool(ratios(r)))
     if record is None:
         return NotMeasured(summary_label(lang, "why-no-timed"))
@@ -569,19 +608,23 @@ def _capacity(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Resul
         rows = _rows(record.tables.get(_CAPACITY.table), source_kind="computed")
         int8 = next((r for r in rows if r.get("kv_cache_dtype") == _INT8), None)
         sixteen = next((r for r in rows if r.get("cache_dtype") in _SIXTEEN_BIT), None)
-        if int8 is None or sixteen is None or not _float(sixteen["max_tokens"]):
+        if int8 is None or sixteen is None or not _float(sixteen.get("max_tokens")):
             return None
         return int8, sixteen
 
+    columns = ("source_kind", "kv_cache_dtype", "cache_dtype", "max_tokens")
+    if gap := _column_gap(evidence, _CAPACITY, columns, lang):
+        return gap
     record = _newest(evidence, _CAPACITY.stage, lambda r: computed(r) is not None)
     if record is None:
         return NotMeasured(summary_label(lang, "why-no-sixteen-bit-row"))
     int8, sixteen = computed(record) or ({}, {})
-    tokens, base = _float(int8["max_tokens"]) or 0.0, _float(sixteen["max_tokens"]) or 1.0
+    tokens = _float(int8.get("max_tokens")) or 0.0
+    base = _float(sixteen.get("max_tokens")) or 1.0
     value = tokens / base
     fields = {
         "ratio": _x(value),
-        "dtype": str(sixteen["cache_dtype"]),
+        "dtype": str(sixteen.get("cache_dtype")),
         "tokens": f"{tokens:,.0f} / {base:,.0f}",
     }
     text = summary_label(lang, "capacity", **fields)
@@ -594,11 +637,11 @@ def _capacity(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Resul
 def _engine_capacity(record: Record) -> tuple[float, str] | None:
     """INT8's tokens over the engine's `auto` cache's, as the engine reported both."""
     rows = _rows(record.tables.get(_CAPACITY.table), source_kind="engine")
-    auto = {r["block_size"]: r for r in rows if r.get("kv_cache_dtype") == "auto"}
+    auto = {r.get("block_size"): r for r in rows if r.get("kv_cache_dtype") == "auto"}
     for row in rows:
-        base = auto.get(row["block_size"])
-        tokens = _float(row["max_tokens"])
-        base_tokens = _float(base["max_tokens"]) if base is not None else None
+        base = auto.get(row.get("block_size"))
+        tokens = _float(row.get("max_tokens"))
+        base_tokens = _float(base.get("max_tokens")) if base is not None else None
         if row.get("kv_cache_dtype") == _INT8 and tokens and base_tokens and base is not None:
             return tokens / base_tokens, str(base.get("cache_dtype") or "auto")
     return None
@@ -623,7 +666,7 @@ def _stream(stream: str) -> Answer:
             return _missing(evidence, _FINDINGS.stage, metric, lang)
         count = _count(record, metric)
         findings = _rows(record.tables.get(_FINDINGS.table), stream=stream)
-        paths = sorted({str(row["path"]) for row in findings})
+        paths = sorted({str(row.get("path")) for row in findings if row.get("path") is not None})
         files = "".join(
             [": ", ", ".join(code_cell(p) for p in paths[:5]), ", …" if len(paths) > 5 else ""]
         )
@@ -640,7 +683,11 @@ def _kv_dtypes(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Resu
     record = _newest(evidence, stage, lambda r: bool(_rows(r.tables.get(table))))
     if record is None:
         return _missing(evidence, stage, table, lang)
-    answers = {str(r["question"]): str(r["answer"]) for r in _rows(record.tables.get(table))}
+    if gap := _column_gap(evidence, _QUESTIONS, ("question", "answer"), lang):
+        return gap
+    answers = {
+        str(r.get("question")): str(r.get("answer")) for r in _rows(record.tables.get(table))
+    }
     words = _ANSWER_WORDS[lang]
     asked = {"fp8": "fp8_kv_cache", "int8": "int8_kv_cache", "backend": "attention_backend"}
     fields = {key: words.get(answers.get(question, ""), "—") for key, question in asked.items()}
