@@ -239,13 +239,13 @@ def test_a_figure_a_newer_record_dropped_is_removed_from_assets_and_the_store(
     stale = [assets / f"throughput-nvidia-h200-{dropped}", store / dropped]
     assert all(path.read_bytes() == PNG + b"gpu-1" for path in stale)
     # Files adrkit did not write by its naming rule: a user's own figures and notes, a figure
-    # named for a class no record shows, a link, and a note in the stored record's folder.
+    # named for a class no record shows, and a link (the store holds nothing of anyone else's:
+    # test_store_layout.py).
     foreign = [
         assets / "architecture.png",
         assets / "throughput-nvidia-h200-notes.txt",
         assets / f"throughput-gfx90a-{dropped}",
         assets / f"kernels-nvidia-h200-{dropped}",
-        store / "README.md",
     ]
     for path in foreign:
         path.write_bytes(PNG + b"someone else's")

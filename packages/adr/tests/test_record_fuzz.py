@@ -18,14 +18,18 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from adrkit import BLOCKS, Gate, RecordError
+from adrkit import Gate, RecordError
 from adrkit.__main__ import main
 from adrkit._document import parse
+from adrkit._render import block_keys
 
 from conftest import PNG, human_text, tree_hashes
 
+# The decision summaries' rows as the ADRs declare them (read on purpose).
+DECISIONS = (Path(__file__).resolve().parents[3] / "docs" / "adr" / "decisions.toml").read_bytes()
+KEYS = block_keys()  # every block: the stages', the pipeline status, the decision summaries
 BODY = "\n".join(
-    f"<!-- generated:{key} begin -->\nold\n<!-- generated:{key} end -->" for key in BLOCKS
+    f"<!-- generated:{key} begin -->\nold\n<!-- generated:{key} end -->" for key in KEYS
 )
 ADRS = {
     "0001-en.md": f"---\nstatus: accepted\nlang: en\n---\n# 0001 En\n\nProse  \t\n{BODY}\ntail",
@@ -88,6 +92,14 @@ FIGURES = [
     "throughput-trend.png",
 ]
 TABLES = ["findings", "changes", "deltas", "errors", "resources", "resource-diff", "kernels", "e2e"]
+TABLES += ["capacity", "questions", "left-out"]
+# Metric and column names the blocks and the decision rows read.
+METRICS = ["fork", "files_total", "surprise", "vendor_risk_files", "vendor_risk_stream_a"]
+METRICS += ["int8_bytes_per_token_vs_16bit", "decode_speedup_vs_16bit_min", "rows", "rows_failed"]
+METRICS += ["worst_error_to_tolerance", "divergence_mean_kld", "divergence_controls_failed"]
+COLUMNS = ["stream", "path", "question", "answer", "target", "cells", "failed", "waves_per_simd"]
+COLUMNS += ["bench", "measurement", "verdict", "value", "kv_cache_dtype", "block_size"]
+COLUMNS += ["source_kind", "max_tokens", "compilation", "graphs", "change", "content"]
 # Where a record's artifact may point; the run directory holds `fig/plot.png` (a PNG) and
 # `fig/fake.png` (text); `outside.png`, a PNG, lies beside the results.
 SOURCES = [
@@ -118,7 +130,7 @@ def records(draw: st.DrawFn) -> dict[str, Any]:
     def field(proper: st.SearchStrategy[Any]) -> Any:
         return draw(mostly(proper, anything | st.just(DEEP), one_in=40))
 
-    columns = draw(st.lists(texts, min_size=1, max_size=3))
+    columns = draw(st.lists(texts | st.sampled_from(COLUMNS), min_size=1, max_size=5, unique=True))
     rows = st.lists(st.lists(scalars, min_size=len(columns), max_size=len(columns)), max_size=3)
     table = st.fixed_dictionaries(
         {"columns": st.just(columns), "rows": rows, "baseline_found": st.none() | st.booleans()}
@@ -142,9 +154,7 @@ def records(draw: st.DrawFn) -> dict[str, Any]:
         "status": status,
         "summary": field(texts),
         "reason": field(texts.filter(bool) if status != "passed" else st.none() | texts),
-        "metrics": field(
-            st.dictionaries(texts | st.sampled_from(["fork", "files_total"]), scalars)
-        ),
+        "metrics": field(st.dictionaries(texts | st.sampled_from(METRICS), scalars)),
         "tables": field(st.dictionaries(st.sampled_from(TABLES) | texts, table, max_size=3)),
         "gates": field(st.lists(gates(), max_size=3)),
         "artifacts": field(
@@ -183,6 +193,7 @@ def _set_up(root: Path) -> tuple[Path, Path]:
     adr_dir.mkdir()
     for name, text in ADRS.items():
         (adr_dir / name).write_bytes(text.encode())
+    (adr_dir / "decisions.toml").write_bytes(DECISIONS)
     (run_dir / "fig").mkdir(parents=True)
     (run_dir / "fig" / "plot.png").write_bytes(PNG + b"plot")
     (run_dir / "fig" / "fake.png").write_text("not a PNG")
@@ -214,7 +225,13 @@ def test_any_record_gives_valid_adrs_or_one_line_and_no_change(
         root = Path(tmp)
         adr_dir, results = _set_up(root)
         for index, record in enumerate(stage_records):
-            (results / "run-1" / f"record-{index}.json").write_text(_json(record, depth, root))
+            # Named for its stage, as a results root lays records out (any other name is an
+            # error of its own); a stage drawn twice keeps the name of the first.
+            stage = record.get("stage")
+            name = f"{stage}.json" if stage in STAGES else f"record-{index}.json"
+            if (results / "run-1" / name).exists():
+                name = f"record-{index}.json"
+            (results / "run-1" / name).write_text(_json(record, depth, root))
         before = tree_hashes(root)
         outside_before = {p: h for p, h in before.items() if not p.startswith(str(adr_dir))}
 
@@ -229,10 +246,11 @@ def test_any_record_gives_valid_adrs_or_one_line_and_no_change(
         assert (code, err) == (0, "")
         assert {p: h for p, h in after.items() if not p.startswith(str(adr_dir))} == outside_before
         written = sorted(str(p.relative_to(adr_dir)) for p in adr_dir.rglob("*") if p.is_file())
-        assert all(name in [*ADRS, "README.md"] or name.startswith("assets/") for name in written)
+        own = [*ADRS, "README.md", "decisions.toml"]
+        assert all(name in own or name.startswith("assets/") for name in written)
         for name, original in ADRS.items():
             text = (adr_dir / name).read_bytes().decode("utf-8")
             assert human_text(text) == human_text(original)
-            assert [b.key for b in parse(adr_dir / name, text).blocks] == list(BLOCKS)
+            assert [b.key for b in parse(adr_dir / name, text).blocks] == KEYS
             assert text.count("<!--") == MARKERS[name]
         assert _update(adr_dir, results, "--check") == (0, "")

@@ -21,20 +21,31 @@ a class that never ran a stage says so instead of being silently absent.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from adrkit._errors import AdrError, ResultsError
 from adrkit._files import FileReadError, read_capped
+from adrkit._layout import (
+    CLASS_ID,
+    MAX_CLASS_ID,
+    STORE_LAYOUT,
+    results_record_paths,
+    store_record_paths,
+)
 from adrkit._record import RECORD_SUFFIX, Record, RecordFile, read_record
 
 EVIDENCE_DIR = "evidence"
 HARDWARE_FILE = "hardware.toml"
 CPU_CLASS = "cpu"
-_CLASS_ID = re.compile(r"[a-z0-9][a-z0-9-]*")
+# How far past this machine's clock a record may end: clocks of the nodes that wrote the records
+# differ. A record that ends later (in year 9999, say) would stay the newest for good.
+CLOCK_SKEW = timedelta(days=1)
 # A hardware file lists a handful of classes; a large one was not written for adrkit.
 _MAX_HARDWARE_BYTES = 64 * 2**10
 
@@ -48,6 +59,9 @@ def hardware_class(record: Record) -> str:
         return arch
     if isinstance(name, str):
         slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+        if len(slug) > MAX_CLASS_ID:  # a folder's and a file name's part: cut, kept unique
+            digest = hashlib.sha256(slug.encode()).hexdigest()[:8]
+            slug = f"{slug[: MAX_CLASS_ID - 9].rstrip('-')}-{digest}"
         if slug:
             return slug
     return CPU_CLASS
@@ -98,8 +112,11 @@ def load_hardware(adr_dir: Path) -> HardwareClasses:
     classes = []
     for class_id, entry in data.items():
         where = f"{path}: [{class_id}]"
-        if not _CLASS_ID.fullmatch(class_id):
-            msg = f"{where} is not a class id (lowercase letters, digits and '-')"
+        if not CLASS_ID.fullmatch(class_id):
+            msg = (
+                f"{where} is not a class id (lowercase letters, digits and '-', at most "
+                f"{MAX_CLASS_ID})"
+            )
             raise AdrError(msg)
         if not isinstance(entry, dict) or set(entry) != {"label", "stages"}:
             msg = f"{where} must be a table with exactly `label` and `stages`"
@@ -155,11 +172,6 @@ class Evidence:
         return collect(RecordFile(Path(f"{r.stage}{RECORD_SUFFIX}"), r) for r in records)
 
 
-def record_paths(source: Path) -> list[Path]:
-    """The record files of a run directory (records directly inside) or of a root of runs."""
-    return sorted(source.glob(f"*{RECORD_SUFFIX}")) or sorted(source.glob(f"*/*{RECORD_SUFFIX}"))
-
-
 def collect(files: Iterable[RecordFile]) -> Evidence:
     """The newest record of each (stage, class) among ``files``."""
     newest: dict[str, dict[str, RecordFile]] = {}
@@ -173,14 +185,51 @@ def collect(files: Iterable[RecordFile]) -> Evidence:
 
 
 def read_source(source: Path) -> list[RecordFile]:
-    """Every record of a results root, a run directory or an evidence store; none if the folder
+    """Every record of a results root or a run folder (`adrkit._layout`); none if the folder
     does not exist."""
     if not source.exists():
         return []
     if not source.is_dir():
         msg = f"results directory {source} exists but is not a directory"
         raise ResultsError(msg)
-    return [RecordFile(path, read_record(path)) for path in record_paths(source)]
+    return [_read(path) for path in results_record_paths(source)]
+
+
+def read_store(adr_dir: Path) -> list[RecordFile]:
+    """Every record of the evidence store, each in the folder of its hardware class."""
+    store = evidence_dir(adr_dir)
+    if not store.exists():
+        return []
+    if store.is_symlink() or not store.is_dir():
+        msg = f"{store} must be a directory in {adr_dir}, not a link or a file"
+        raise ResultsError(msg)
+    found = [_read(path) for path in store_record_paths(store)]
+    for record_file in found:
+        class_id = hardware_class(record_file.record)
+        if record_file.path.parent.name != class_id:
+            msg = (
+                f"stored record {record_file.path} is of hardware class {class_id!r}, not of the "
+                f"folder it lies in ({STORE_LAYOUT})"
+            )
+            raise ResultsError(msg)
+    return found
+
+
+def _read(path: Path) -> RecordFile:
+    """The record at ``path``, which must be named for its stage and must not end in the
+    future."""
+    record = read_record(path)
+    if path.name != f"{record.stage}{RECORD_SUFFIX}":
+        msg = f"results record {path} is of stage {record.stage!r}; a record is <stage>.json"
+        raise ResultsError(msg)
+    latest = datetime.now(UTC) + CLOCK_SKEW
+    if record.provenance.ended > latest:
+        msg = (
+            f"results record {path} ends at {record.provenance.ended_at}, after this machine's "
+            f"clock (more than {CLOCK_SKEW.days} day ahead): it would stay the newest for good"
+        )
+        raise ResultsError(msg)
+    return RecordFile(path, record)
 
 
 def load_evidence(sources: Sequence[Path]) -> Evidence:
@@ -206,7 +255,7 @@ def stored_path(adr_dir: Path, record: Record) -> Path:
 def to_store(adr_dir: Path, incoming: Sequence[RecordFile]) -> list[RecordFile]:
     """The records of ``incoming`` that belong in the store: the newest of each (stage, class),
     not skipped, and newer than what the store holds for it."""
-    stored = collect(read_source(evidence_dir(adr_dir)))
+    stored = collect(read_store(adr_dir))
     wanted = collect(found for found in incoming if found.record.status != "skipped")
     chosen = []
     for stage, per_class in wanted.files.items():

@@ -19,12 +19,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from adrkit._evidence import Evidence, hardware_class, stored_path
-from adrkit._record import Record, RecordFile, is_artifact_name
+from adrkit._layout import figure_signature, is_figure_name
+from adrkit._record import Record, RecordFile
 
 ASSETS_DIR = "assets"
-# The figure types a block embeds, by the name's suffix, and the bytes such a file begins with:
-# a figure is copied beside the ADRs only if its content is of the type its name says.
-FIGURE_SIGNATURES = {".png": b"\x89PNG\r\n\x1a\n"}
 
 
 def asset_name(record: Record, artifact: str) -> str:
@@ -33,25 +31,16 @@ def asset_name(record: Record, artifact: str) -> str:
     return f"{ASSETS_DIR}/{record.stage}-{hardware_class(record)}-{artifact}"
 
 
-def figure_signature(artifact: str) -> bytes | None:
-    """The bytes a figure named ``artifact`` begins with, or None for an artifact that is no
-    figure."""
-    return next(
-        (sig for suffix, sig in FIGURE_SIGNATURES.items() if artifact.endswith(suffix)), None
-    )
-
-
-def is_figure_name(name: str) -> bool:
-    """Whether ``name`` is a name a record may give a figure: a plain artifact name with a
-    figure type's suffix."""
-    return is_artifact_name(name) and figure_signature(name) is not None
-
-
-def stale_assets(adr_dir: Path, evidence: Evidence) -> list[Path]:
+def stale_assets(adr_dir: Path, evidence: Evidence, known_classes: Iterable[str]) -> list[Path]:
     """The copies in ``assets/`` of figures that none of the records ``evidence`` shows embeds,
     among the names `asset_name` gives a stage and class it shows. A figure whose source file
     is gone is still embedded (its copy stays), so what is shown is read from the records'
-    artifact names, not from the figures copied."""
+    artifact names, not from the figures copied.
+
+    A name can read as more than one stage and class (`throughput-nvidia-h200-nvl-x.png` is
+    class `nvidia-h200`'s `nvl-x.png` and `nvidia-h200-nvl`'s `x.png`); a copy that could be a
+    figure of a class in ``known_classes`` (the hardware file's, the store's) that the evidence
+    does not show for that stage is not adrkit's to judge, and stays."""
     assets = adr_dir / ASSETS_DIR
     if not _real_folder(adr_dir, assets):
         return []
@@ -61,19 +50,26 @@ def stale_assets(adr_dir: Path, evidence: Evidence) -> list[Path]:
         for name in found.record.artifacts
         if figure_signature(name) is not None
     }
-    prefixes = [
-        f"{stage}-{class_id}-"
-        for stage, per_class in evidence.files.items()
-        for class_id in per_class
-    ]
+    pairs = {
+        (stage, class_id) for stage, per_class in evidence.files.items() for class_id in per_class
+    }
+    classes = {*known_classes, *(class_id for _stage, class_id in pairs)}
+
+    def owners(name: str) -> set[tuple[str, str]]:
+        return {
+            (stage, class_id)
+            for stage in evidence.files
+            for class_id in classes
+            if name.startswith(prefix := f"{stage}-{class_id}-")
+            and is_figure_name(name.removeprefix(prefix))
+        }
+
     return [
         path
         for path in sorted(assets.iterdir())
         if path not in shown
-        and any(
-            path.name.startswith(prefix) and is_figure_name(path.name.removeprefix(prefix))
-            for prefix in prefixes
-        )
+        and (found := owners(path.name))
+        and found <= pairs
         and _regular_file(path)
     ]
 

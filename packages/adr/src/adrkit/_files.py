@@ -15,6 +15,7 @@ finds one whose writer is dead.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -113,9 +114,12 @@ def is_temp_of(temp: Path, target: Path) -> bool:
 
 
 def remove_stale_temps(directory: Path) -> None:
-    """Delete the temp files that writers killed before their rename left in ``directory``."""
+    """Delete the temp files that writers killed before their rename left in ``directory``:
+    regular files of adrkit's temp name; anything else of that name (a folder) is not adrkit's."""
     for stale in directory.glob(f".*{TEMP_SUFFIX}"):
-        stale.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISREG(stale.lstat().st_mode):
+                stale.unlink()
 
 
 def fsync_directory(directory: Path) -> None:

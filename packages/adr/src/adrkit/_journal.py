@@ -22,7 +22,6 @@ from collections.abc import Collection, Mapping
 from pathlib import Path, PurePosixPath
 
 from adrkit._errors import AdrError
-from adrkit._figures import is_figure_name
 from adrkit._files import (
     FileReadError,
     atomic_write,
@@ -31,6 +30,7 @@ from adrkit._files import (
     read_capped,
     write_temp,
 )
+from adrkit._layout import is_figure_name
 
 JOURNAL_NAME = ".adrkit-journal.json"
 # A journal lists a few dozen renames; anything this large was not written by adrkit.

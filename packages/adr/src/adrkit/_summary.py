@@ -23,10 +23,10 @@ from adrkit._evidence import (
     Evidence,
     HardwareClasses,
     collect,
-    evidence_dir,
     hardware_class,
     load_hardware,
     read_source,
+    read_store,
 )
 from adrkit._files import FileReadError, read_capped
 from adrkit._freshness import Sources, load_sources, stale, stale_note
@@ -929,8 +929,8 @@ def milestone_problems(
     milestone's evidence stands."""
     decisions, hardware = load_decisions(adr_dir), load_hardware(adr_dir)
     declared = load_sources(adr_dir)
-    sources = [*([results] if results is not None else []), evidence_dir(adr_dir)]
-    evidence = collect(found for source in sources for found in read_source(source))
+    found = [*(read_source(results) if results is not None else []), *read_store(adr_dir)]
+    evidence = collect(found)
     now = now or datetime.now(UTC)
     problems = []
     for block in decisions.blocks:

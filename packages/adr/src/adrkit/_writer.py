@@ -28,18 +28,14 @@ from adrkit._evidence import (
     evidence_dir,
     load_hardware,
     read_source,
+    read_store,
     stored_path,
     to_store,
 )
-from adrkit._figures import (
-    ASSETS_DIR,
-    asset_name,
-    figure_signature,
-    stale_assets,
-    stale_stored_figures,
-)
+from adrkit._figures import ASSETS_DIR, asset_name, stale_assets, stale_stored_figures
 from adrkit._files import FileReadError, read_capped, remove_stale_temps
 from adrkit._freshness import load_sources
+from adrkit._layout import figure_signature, is_real_folder, listing
 from adrkit._lock import DirectoryLock
 from adrkit._markdown import markdown_text
 from adrkit._record import RECORD_SUFFIX, Record, RecordFile, artifact_in_run_dir
@@ -51,7 +47,7 @@ ADR_GLOB = "[0-9][0-9][0-9][0-9]-*.md"
 LOCK_TIMEOUT_S = 120.0
 # The largest ADR, with the generated tables of an audit of a whole vLLM tree, is well under
 # 1 MiB. The writer refuses to read a larger one, and so also to write one.
-MAX_ADR_BYTES = 16 * 2**20
+MAX_ADR_BYTES = 2**20
 # The pipeline's figures are plots of some 100 KiB; a larger file is none of them, and a copy
 # would be committed into the repository.
 MAX_FIGURE_BYTES = 16 * 2**20
@@ -118,7 +114,7 @@ def update_adrs(
             completed, completed_removals = _journal.roll_forward(adr_dir)
             for folder in _written_folders(adr_dir):
                 remove_stale_temps(folder)
-        stored = read_source(evidence_dir(adr_dir))
+        stored = read_store(adr_dir)
         incoming = to_store(adr_dir, read_source(store)) if store is not None else []
         shown_files = [*(read_source(results) if results is not None else []), *stored, *incoming]
         evidence = collect(shown_files)
@@ -137,8 +133,9 @@ def update_adrs(
         # What the store holds once this update is done: its records, each replaced by the
         # incoming one of its place.
         held = {found.path: found for found in stored} | {f.path: f for f in now_stored}
+        known = [c.id for c in shown.hardware.classes] + [f.path.parent.name for f in stored]
         removals = tuple(
-            stale_assets(adr_dir, evidence) + stale_stored_figures(adr_dir, held.values())
+            stale_assets(adr_dir, evidence, known) + stale_stored_figures(adr_dir, held.values())
         )
         written = tuple(path for path, content in planned.items() if _current(path) != content)
         if check:
@@ -162,9 +159,9 @@ def _written_folders(adr_dir: Path) -> list[Path]:
     store = evidence_dir(adr_dir)
     folders = [adr_dir, adr_dir / ASSETS_DIR, store]
     if store.is_dir() and not store.is_symlink():
-        for class_dir in sorted(store.iterdir()):
-            if class_dir.is_dir() and not class_dir.is_symlink():
-                folders += [class_dir, *(p for p in sorted(class_dir.iterdir()) if p.is_dir())]
+        for class_dir in listing(store):
+            if is_real_folder(class_dir):
+                folders += [class_dir, *(p for p in listing(class_dir) if is_real_folder(p))]
     return [f for f in folders if f.is_dir() and not f.is_symlink()]
 
 
