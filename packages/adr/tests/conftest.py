@@ -65,6 +65,14 @@ def make_record(
     )
 
 
+@pytest.fixture(autouse=True)
+def _own_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs in a folder of its own: `adrkit update` reads `.results` from the working
+    directory when given no `--results`, and the working tree's (a nightly's, say) is no
+    test's input unless the test says so (test_working_tree_state.py plants one)."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def adr_dir(tmp_path: Path) -> Path:
     directory = tmp_path / "adr"
