@@ -104,6 +104,19 @@ def test_a_stray_json_at_a_results_root_is_an_error_not_hidden_runs(
     _fails_naming(capsys, stored, root, f"{root} holds records", str(root / "cpu-2"))
 
 
+def test_a_run_whose_stage_is_still_running_is_no_stray(
+    stored: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The throughput stage has written its benchmark's JSON into its folder, not its record yet.
+    root = tmp_path / "root"
+    write_record(root, throughput("cpu-2", "2026-12-03T00:00:00Z", None))
+    running = root / "cpu-2" / "accuracy"
+    running.mkdir()
+    (running / "accuracy.json").write_text('{"results": {"arc": 0.5}}\n')
+    assert run_update(capsys, stored, root) == (0, "")
+    assert "run `cpu-2`" in (stored / "0009-int8.md").read_text()
+
+
 @pytest.mark.parametrize(
     ("plant", "named"),
     [

@@ -7,9 +7,9 @@ update then dropped their evidence from the ADRs.
 - A results root holds run folders (`<run id>/`, real folders, not links) and files that are
   not records (the throughput history, say); never a `*.json` of its own.
 - A run folder holds records (`<stage>.json`, regular files) and their artifacts: its stages'
-  folders (`<stage>/`) and whatever else a stage writes, but no other folder of records. A
-  folder passed as results is a run folder when it holds a `*.json` itself, a results root
-  otherwise.
+  folders (`<stage>/`) and whatever else a stage writes, but no run folder (one holding a record
+  of the run it is named for). A folder passed as results is a run folder when it holds a
+  `*.json` itself, a results root otherwise.
 - The evidence store holds class folders (`<class>/`), each with records (`<stage>.json`) and
   their figures (`<stage>/<figure>.png`), and nothing else but adrkit's own temp files, which a
   killed writer leaves and the next update removes.
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from adrkit._errors import ResultsError
 from adrkit._files import TEMP_SUFFIX
-from adrkit._record import RECORD_SUFFIX, is_artifact_name
+from adrkit._record import RECORD_SUFFIX, is_artifact_name, read_record
 
 # The figure types a block embeds, by the name's suffix, and the bytes such a file begins with:
 # a figure is copied beside the ADRs only if its content is of the type its name says.
@@ -146,9 +146,10 @@ def results_record_paths(source: Path) -> list[Path]:
 
 
 def _run_records(run_dir: Path, entries: list[Path]) -> list[Path]:
-    """The records of RUN_DIR. Its folders are artifacts, but one that holds a `*.json` of its
-    own and is named for no record beside it is a run folder: RUN_DIR is a results root with a
-    stray record in it, which must not hide the runs."""
+    """The records of RUN_DIR. Its folders are artifacts, but one that holds a record naming it
+    as its run is a run folder: RUN_DIR is then a results root with a stray record in it, which
+    must not hide the runs. (A stage's folder holds JSON of its own, a benchmark's results, say,
+    and, while its stage runs, no record beside it yet: no record of it names it as a run.)"""
     records = [entry for entry in entries if entry.name.endswith(RECORD_SUFFIX)]
     stages = {entry.name.removesuffix(RECORD_SUFFIX) for entry in records}
     for entry in records:
@@ -158,11 +159,22 @@ def _run_records(run_dir: Path, entries: list[Path]) -> list[Path]:
     for entry in entries:
         if entry.name in stages or not is_real_folder(entry):
             continue
-        if any(inner.name.endswith(RECORD_SUFFIX) for inner in listing(entry)):
+        if any(_names_its_run(inner) for inner in listing(entry) if inner.suffix == RECORD_SUFFIX):
             strays = ", ".join(str(r) for r in records)
             msg = (
-                f"{run_dir} holds records ({strays}) beside {entry}, a folder of records of its "
-                f"own: a stray record in a results root ({RESULTS_LAYOUT})"
+                f"{run_dir} holds records ({strays}) beside {entry}, a run folder of its own: a "
+                f"stray record in a results root ({RESULTS_LAYOUT})"
             )
             raise ResultsError(msg)
     return records
+
+
+def _names_its_run(path: Path) -> bool:
+    """Whether ``path`` is a record whose run is the folder it lies in."""
+    if not is_real_file(path):
+        return False
+    try:
+        record = read_record(path)
+    except ResultsError:  # a benchmark's own JSON, or anything else that is no record
+        return False
+    return record.provenance.run_id == path.parent.name
