@@ -108,8 +108,13 @@ def whole_records() -> dict[str, Record]:
             {
                 "e2e": Table(E2E, _e2e_rows()),
                 "capacity": Table(
-                    ["source_kind", "kv_cache_dtype", "block_size", "max_tokens"],
-                    [["engine", "auto", 16, 1000], ["engine", "int8_per_token_head", 16, 1900]],
+                    ["source_kind", "kv_cache_dtype", "cache_dtype", "block_size", "max_tokens"],
+                    [
+                        ["computed", "auto", "bfloat16", 16, 1000],
+                        ["computed", "int8_per_token_head", "int8", 16, 1940],
+                        ["engine", "auto", "float32", 16, 500],
+                        ["engine", "int8_per_token_head", "int8", 16, 1900],
+                    ],
                 ),
                 "kernels": Table(["op", "speedup_vs_16bit"], [["decode", 1.5]]),
             },

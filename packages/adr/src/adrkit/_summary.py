@@ -464,7 +464,7 @@ def _gfx90a_build(evidence: Evidence, hardware: HardwareClasses, lang: str) -> R
     releases = list(dict.fromkeys(str(r["triton"]) for r in rows if "triton" in r))
     gated = str(record.metrics.get("triton_gated") or (releases[0] if releases else ""))
     if releases:
-        rows = [r for r in rows if r["triton"] == gated]
+        rows = [r for r in rows if r.get("triton") == gated]
     # A build record of another layout (an older kvquant) may lack a column this row reads:
     # then the row is not measured, rather than read as zero.
     absent = [c for c in _GFX90A_BUILD_COLUMNS if any(c not in r for r in rows)]
@@ -481,7 +481,7 @@ def _gfx90a_build(evidence: Evidence, hardware: HardwareClasses, lang: str) -> R
         roles = summary_label(lang, "the-target")
         sentence = summary_label(lang, "at-triton", release=gated, roles=roles) + sentence
     for other in (r for r in releases if r != gated):
-        other_rows = [r for r in _built_for(record, "gfx90a") if r["triton"] == other]
+        other_rows = [r for r in _built_for(record, "gfx90a") if r.get("triton") == other]
         other_waves, other_weakest = _fewest_waves(other_rows)
         sentence += summary_label(
             lang, "other-triton", release=other, waves=str(other_waves), cell=other_weakest or "—"
@@ -496,7 +496,7 @@ def _fewest_waves(rows: list[dict[str, Scalar]]) -> tuple[int, str]:
     if not known:
         return 0, ""
     waves, row = min(known, key=lambda item: item[0])
-    return waves, f"{row['kernel']} {row['cache']}"
+    return waves, f"{row.get('kernel', '—')} {row.get('cache', '—')}"
 
 
 def _gfx90a_runs(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
@@ -929,8 +929,8 @@ def milestone_problems(
     milestone's evidence stands."""
     decisions, hardware = load_decisions(adr_dir), load_hardware(adr_dir)
     declared = load_sources(adr_dir)
-    found = [*(read_source(results) if results is not None else []), *read_store(adr_dir)]
-    evidence = collect(found)
+    read = [*(read_source(results) if results is not None else []), *read_store(adr_dir)]
+    evidence = collect(read)
     now = now or datetime.now(UTC)
     problems = []
     for block in decisions.blocks:
