@@ -335,9 +335,6 @@ def flush_check() -> None:
         del setup
 
 
-# ---- The geometry table of graph and eager time (--geometry) ----
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sweep", action="store_true", help="sweep launch settings instead")

@@ -42,7 +42,7 @@ def test_the_gpu_kernel_matrix_times_the_shapes_kvquants_benchmarks_print(
     monkeypatch.syspath_prepend(str(KVQUANT_BENCHMARKS))
     shapes = importlib.import_module("_shapes")
     cache_write = importlib.import_module("benchmark_cache_write")
-    decode = importlib.import_module("benchmark_decode_attention")
+    decode = importlib.import_module("benchmark_decode_geometry")
     matrix = load_matrix(CONFIGS / "throughput-gpu-kernels.toml")
     cells = [cell for cell in matrix.cells if isinstance(cell, KernelCell)]
     # Kernels only: the run needs no vLLM.
@@ -71,7 +71,7 @@ def test_the_gpu_kernel_matrix_times_the_shapes_kvquants_benchmarks_print(
         (cache, batch, context, 0)
         for cache, batch, context in itertools.product(caches, shapes.BATCHES, shapes.CONTEXTS)
     }
-    # The --geometry table's rows, each geometry at each of its shapes.
+    # benchmark_decode_geometry.py's rows, each geometry at each of its shapes.
     assert geometry_rows == {
         (cache, f"{q}/{kv}x{head}", batch, context)
         for cache, (q, kv, head), (batch, context) in itertools.product(
@@ -84,7 +84,7 @@ def test_the_gpu_kernel_matrix_times_the_shapes_kvquants_benchmarks_print(
     }
     assert by_op["cache_write"] == {(cache, 1, cache_write.NUM_TOKENS, 0) for cache in caches}
     # And the decode's GB/s counts the benchmark's bytes.
-    # (The --geometry rows count 2 x head bytes of INT8 codes and two fp32 scales per token and
+    # (Its rows count 2 x head bytes of INT8 codes and two fp32 scales per token and
     # kv head, 4 x head bytes for bf16.)
     for cell in cells:
         if cell.op == "decode" and cell.heads == base:

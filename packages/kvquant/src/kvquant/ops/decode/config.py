@@ -27,8 +27,8 @@ _DECODE_TILE_N_MAX = 64
 _DECODE_TILE_N_HIP = 128
 # Query-head columns of one INT8 decode program, at most (`_decode_columns`), by target; a wider
 # group is split over programs that each read the kv head's tiles (the others from L2). On the
-# H200 (bf16 model, head 128, block 16, graph of 4 calls; `benchmark_decode_attention.py
-# --geometry --columns 8 16 0`): MQA 32/1 at 32 x 8k took 0.055 ms at 8 columns, 0.068 at 16 and
+# H200 (bf16 model, head 128, block 16, graph of 4 calls; `benchmark_decode_geometry.py
+# --columns 8 16 0`): MQA 32/1 at 32 x 8k took 0.055 ms at 8 columns, 0.068 at 16 and
 # 0.061 uncapped; 16/1 0.036 / 0.042 / 0.042; 32/2 0.059 / 0.069 / 0.069; GQA 4-8 the same at
 # every cap (one block). The 16-bit decode is fastest uncapped (MQA 0.057 ms, 0.116 at 8
 # columns): its bf16 dot is one MMA per tile whatever the width, so it keeps the whole group.
@@ -39,7 +39,7 @@ _DECODE_COLUMNS_MAX: dict[str, int] = {"cuda": 8, "interpreter": 8}
 # P x V dot in fp16 (USE_FP16_PV, `_fp16_pv_tiles`): the whole group (up to
 # _FP16_PV_COLUMNS_MAX columns) in one program, which loads each K/V tile once, where the
 # integer decode's programs of 8 columns each load it and each redo the per-key work. H200, bf16
-# model, head 128, block 16, graph ms at 32 x 8k (`benchmark_decode_attention.py --geometry --pv
+# model, head 128, block 16, graph ms at 32 x 8k (`benchmark_decode_geometry.py --pv
 # fp16`; DESIGN.md, "Wide groups"): MQA 32/1 0.040, 16/1 0.031, 32/2 0.051, where the integer
 # decode took 0.055 / 0.036 / 0.056 (`--pv int8`, an earlier run). CUDA only: the V codes are
 # widened by PTX (`widen_codes`); gfx90a keeps the integer dots (its MFMA takes int8 at the fp16
@@ -55,7 +55,7 @@ _FP16_PV_COLUMNS_MAX = 32
 # Triton 3.9 of heads 64, 80, 96, 128 and 256 at 16 and 32 columns, blocks 16 and 32, both
 # epilogues have no stack frame (head 128 at 32 columns: 237 registers, 251 with one split).
 # Timed on the H200 at MQA 32/1, 32 x 8k: 64 keys x 2 warps 0.041 ms, 128 x 4 0.042, 32 x 2
-# 0.049, 64 x 4 0.054 (`--geometry --pv fp16@TILExWARPS`).
+# 0.049, 64 x 4 0.054 (`benchmark_decode_geometry.py --pv fp16@TILExWARPS`).
 _FP16_PV_ACC_ELEMENTS = 64
 _FP16_PV_V_LOAD_COLUMNS = 2048
 # Warps of the HIP decode, as the prefill's were on the H200 when both took 4 warps
