@@ -62,6 +62,8 @@ def test_every_missing_table_of_every_stage_is_named() -> None:
         "not among its tables (none)",
         "block `kvquant-specializations` reads table `specializations` of stage `kernels`, which "
         "is not among its tables (none)",
+        "block `kvbench-served-step` reads table `served_steps` of stage `throughput`, which is "
+        "not among its tables (`kernels`)",
         "block `kvbench-capacity` reads table `capacity` of stage `throughput`, which is not "
         "among its tables (`kernels`)",
         "block `kvbench-e2e` reads table `e2e` of stage `throughput`, which is not among its "

@@ -38,12 +38,14 @@ from kvquant.served import (
     DEFAULT_GEOMETRY,
     STEPS,
     Batch,
+    Step,
     StepTimes,
     fill_random,
     ours,
     parse_geometry,
-    step_times,
-    upstream,
+    parse_step,
+    time_ours,
+    time_upstream,
 )
 from kvquant.upstream import UpstreamError, UpstreamKernels, load
 from kvquant.vllm_plugin._kernels import attend_with_kernels, write_with_kernels
@@ -52,6 +54,13 @@ from kvquant.vllm_plugin._kernels import attend_with_kernels, write_with_kernels
 def geometry_argument(text: str) -> AttentionGeometry:
     try:
         return parse_geometry(text)
+    except InvalidInputError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def step_argument(text: str) -> Step:
+    try:
+        return parse_step(text)
     except InvalidInputError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -104,6 +113,11 @@ def main() -> None:
     parser.add_argument("--upstream", type=Path, help="a folder of upstream's unpacked kernels")
     parser.add_argument("--only", type=int, nargs="*", help="run these rows of the table (0-)")
     parser.add_argument(
+        "--step", type=step_argument, nargs="+", metavar="SPEC",
+        help="instead of the table, these steps: decodes DxC then prefills Nx(P+Q), joined by "
+        "'+' (quoted), e.g. '64x4096 + 1x(2048+256)'",
+    )  # fmt: skip
+    parser.add_argument(
         "--host-costs", action="store_true",
         help="instead: host microseconds of each part of our INT8 step, alone, per row",
     )  # fmt: skip
@@ -114,9 +128,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.layers < 1 or args.steps < 1:
         parser.error("--layers and --steps take a number >= 1")
+    if args.only and not all(0 <= i < len(STEPS) for i in args.only):
+        parser.error(f"--only takes rows 0 to {len(STEPS) - 1}")
     device = torch.device(args.device)
     geometry, layers, steps = args.geometry, args.layers, args.steps
     table = STEPS if args.only is None else tuple(STEPS[i] for i in args.only)
+    if args.step:
+        table = tuple(args.step)
     if args.device == "cpu":
         geometry = parse_geometry("4/2/64/16/fp16")
         layers, steps, table = 2, 2, (CPU_STEP,)
@@ -144,21 +162,17 @@ def main() -> None:
     header = ["ours int8", "ours 16-bit", "vllm bf16", "vllm int8"]
     print(f"{'step':<40}" + "".join(f"{name:>16}" for name in header)
           + f"{'int8/vllm bf16':>15}{'int8/16-bit':>12}{'eager/graph':>12}"
-          + f"{'host: plan':>11}{'issue':>7}")  # fmt: skip
+          + f"{'host: plan':>11}{'issue':>9}")  # fmt: skip
     for step in table:
         batch = Batch(step, geometry, device)
         cells: list[StepTimes | None] = []
         for cache_dtype in (torch.int8, geometry.model_dtype):
-            cells.append(step_times(*ours(batch, geometry, cache_dtype, layers), steps, device))
-            if args.device == "cuda":
-                torch.cuda.empty_cache()
+            cells.append(time_ours(batch, geometry, cache_dtype, layers, steps))
         for int8 in (False, True):
-            if kernels is None:
-                cells.append(None)
-                continue
-            cells.append(step_times(*upstream(batch, geometry, kernels, int8, layers), steps,
-                                    device))  # fmt: skip
-            torch.cuda.empty_cache()
+            cells.append(
+                None if kernels is None
+                else time_upstream(batch, geometry, kernels, int8, layers, steps)
+            )  # fmt: skip
         row = f"{step.name:<40}"
         for cell in cells:
             graph = "-" if cell is None or cell.graph is None else f"{cell.graph:.2f}"
@@ -168,7 +182,7 @@ def main() -> None:
         versus = f"{int8_cell.eager / bf16.eager:.2f}x" if bf16 else "-"
         over = f"{int8_cell.eager / int8_cell.graph:.2f}" if int8_cell.graph else "-"
         print(f"{row}{versus:>15}{int8_cell.eager / sixteen.eager:>11.2f}x{over:>12}"
-              f"{int8_cell.plan:>11.2f}{int8_cell.issue:>7.2f}", flush=True)  # fmt: skip
+              f"{int8_cell.plan:>11.2f}{int8_cell.issue:>9.2f}", flush=True)  # fmt: skip
         del batch
 
 

@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from kvquant import InvalidInputError
-from kvquant.served import CPU_STEP, STEPS, Batch, ours, parse_geometry, step_times
+from kvquant.served import (
+    CPU_STEP,
+    STEPS,
+    Batch,
+    ours,
+    parse_geometry,
+    parse_step,
+    step_times,
+)
 
 
 @pytest.mark.parametrize(
@@ -27,10 +35,38 @@ def test_a_geometry_it_cannot_serve_is_one_line(text: str, problem: str) -> None
     assert problem in str(error.value) and "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("", "expected decodes DxC"),
+        ("64", "expected decodes DxC"),
+        ("2x(1+1) + 4x100", "expected decodes DxC"),  # decodes come first
+        ("64x4096 - 1x(0+8)", "expected decodes DxC"),
+        ("1x(16+0)", "a prefill with no new token"),
+        ("0x4096", "no request"),
+        ("4x0 + 1x(0+8)", "decodes of no key"),
+    ],
+)
+def test_a_step_spec_it_cannot_read_is_one_line(text: str, problem: str) -> None:
+    with pytest.raises(InvalidInputError) as error:
+        parse_step(text)
+    assert problem in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_step_reads_back_from_its_spec_and_names_itself() -> None:
+    for step in (*STEPS, CPU_STEP):
+        assert parse_step(step.spec) == step
+    step = parse_step(" 64x4096 +2x( 1024 + 256 )")
+    assert step.seq_lens == [4096] * 64 + [1280, 1280]
+    assert step.query_lens == [1] * 64 + [256, 256]
+    assert step.name == "64 decodes x 4k + 2 chunks (1k + 256)"
+    assert parse_step("4x(0+2048)").name == "4 prefills (0 + 2k)"
+
+
 def test_each_row_lays_out_its_batch() -> None:
     geometry = parse_geometry("4/2/64/16/fp16")
     for step in (*STEPS[:2], CPU_STEP):
-        small = type(step)(step.name, min(step.decodes, 3), min(step.decode_context, 100),
+        small = type(step)(min(step.decodes, 3), min(step.decode_context, 100),
                            tuple((min(c, 70), min(n, 40)) for c, n in step.chunks))  # fmt: skip
         batch = Batch(small, geometry, torch.device("cpu"))
         assert batch.query.shape[0] == sum(small.query_lens) == batch.slot_mapping.shape[0]

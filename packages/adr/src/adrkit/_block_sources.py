@@ -53,6 +53,7 @@ BLOCK_SOURCES: dict[str, BlockSource] = {
         ("kernels",),
         ("throughput-kernel-vs-context.png", "throughput-kernel-vs-batch.png"),
     ),
+    "kvbench-served-step": BlockSource("throughput", ("served_steps",)),
     "kvbench-capacity": BlockSource("throughput", ("capacity",)),
     "kvbench-e2e": BlockSource(
         "throughput",

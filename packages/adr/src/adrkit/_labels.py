@@ -179,6 +179,20 @@ LABELS: dict[str, dict[str, str]] = {
         "upstream_int8_ms": "Upstream INT8 ms",
         "upstream_bf16_ms": "Upstream bf16 ms",
         "sdpa_ms": "SDPA flash ms",
+        "step": "Step",
+        "layers": "Layers",
+        "int8_eager_ms": "INT8 step ms (eager)",
+        "int8_graph_ms": "INT8 ms (graph)",
+        "eager_over_graph": "Eager / graph",
+        "plan_ms": "Host: plan ms",
+        "issue_ms": "Host: launches ms",
+        "time_vs_16bit": "INT8 / our 16-bit",
+        "time_vs_upstream_bf16": "INT8 / upstream bf16",
+        "time_vs_upstream_int8": "INT8 / upstream INT8",
+        "no-served-steps": (
+            "This run's matrix has no served-step cells; they are timed on a GPU "
+            "(packages/bench/configs/throughput-gpu-kernels.toml)."
+        ),
         "impl": "Kernel of",
         "not-measured": "not measured",
         "baseline-vllm": "Upstream:",
@@ -470,6 +484,20 @@ LABELS: dict[str, dict[str, str]] = {
         "sixteen_bit_ms": "我们的 16 位 ms",
         "upstream_int8_ms": "上游 INT8 ms",
         "upstream_bf16_ms": "上游 bf16 ms",
+        "step": "引擎步",
+        "layers": "层数",
+        "int8_eager_ms": "INT8 步 ms（eager）",
+        "int8_graph_ms": "INT8 ms（graph）",
+        "eager_over_graph": "eager / graph",
+        "plan_ms": "主机：规划 ms",
+        "issue_ms": "主机：发射 ms",
+        "time_vs_16bit": "INT8 / 我们的 16 位",
+        "time_vs_upstream_bf16": "INT8 / 上游 bf16",
+        "time_vs_upstream_int8": "INT8 / 上游 INT8",
+        "no-served-steps": (
+            "本次运行的矩阵没有引擎步单元；它们在 GPU 上计时"
+            "（packages/bench/configs/throughput-gpu-kernels.toml）。"
+        ),
         "sdpa_ms": "SDPA flash ms",
         "impl": "内核来源",
         "not-measured": "未测量",

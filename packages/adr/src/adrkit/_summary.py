@@ -98,6 +98,12 @@ _LABELS: dict[str, dict[str, str]] = {
             "no: of {checked} hooks of vLLM {release}, {changed} changed, {missing} missing"
         ),
         "hooks-unchecked": "not checked: the audit was given no hooks file",
+        "why-no-timed-step": "no timed served step (they are timed on a GPU)",
+        "served-step": "INT8's step takes {span} of upstream vLLM's bf16 step's time (highest: "
+        "{step}) and {sixteen} of our 16-bit step's (highest: {sixteen_step}); upstream: "
+        "{upstream}",
+        "served-host": "an eager step takes {span} the time of the same launches replayed in a "
+        "graph (highest: {step})",
     },
     "zh": {
         "not-measured": "未测量",
@@ -156,6 +162,10 @@ _LABELS: dict[str, dict[str, str]] = {
             "否：vLLM {release} 的 {checked} 个挂钩中 {changed} 个已改变，{missing} 个缺失"
         ),
         "hooks-unchecked": "未检查：审计没有得到挂钩文件",
+        "why-no-timed-step": "没有计时的引擎步（它们在 GPU 上计时）",
+        "served-step": "INT8 引擎步耗时为上游 vLLM bf16 引擎步的 {span}（最高：{step}），"
+        "为我们 16 位引擎步的 {sixteen}（最高：{sixteen_step}）；上游：{upstream}",
+        "served-host": "eager 引擎步耗时为同一组发射在图中重放的 {span}（最高：{step}）",
     },
 }
 _STATUS = {
@@ -241,6 +251,7 @@ _AUDIT = BLOCK_SOURCES["audit-summary"]
 _FINDINGS = BLOCK_SOURCES["audit-findings"]
 _QUESTIONS = BLOCK_SOURCES["audit-questions"]
 _HOOKS = BLOCK_SOURCES["audit-hooks"]
+_SERVED = BLOCK_SOURCES["kvbench-served-step"]
 
 
 def _newest(evidence: Evidence, stage: str, wanted: Callable[[Record], bool]) -> Record | None:
@@ -647,6 +658,44 @@ def _engine_capacity(record: Record) -> tuple[float, str] | None:
     return None
 
 
+def _span(low: float, high: float) -> str:
+    return _x(low) if _x(low) == _x(high) else f"{_x(low)} – {_x(high)}"
+
+
+def _served(field: str, key: str) -> Answer:
+    """The INT8 served step's ``field`` (a time ratio: lower is better), from the newest record
+    that timed one: its range over the steps, and the step where it is highest, which a row's gate
+    judges."""
+    metric = f"served_int8_{field}_max"
+
+    def answer(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+        stage = _SERVED.stage
+        record = _newest(evidence, stage, lambda r: _number(r, metric) is not None)
+        if record is None:
+            if evidence.latest(stage) is None:
+                return _missing(evidence, stage, metric, lang)
+            return NotMeasured(summary_label(lang, "why-no-timed-step"))
+        high = _number(record, metric) or 0.0
+        low = _number(record, f"served_int8_{field}_min") or high
+        fields = {
+            "span": _span(low, high),
+            "step": str(record.metrics.get(f"served_int8_{field}_worst")),
+        }
+        if key == "served-step":
+            sixteen = _number(record, "served_int8_time_vs_16bit_max")
+            fields["sixteen"] = (
+                _x(sixteen) if sixteen is not None else summary_label(lang, "not-measured")
+            )
+            fields["sixteen_step"] = str(record.metrics.get("served_int8_time_vs_16bit_worst"))
+            upstream = record.metrics.get("served_baseline_vllm")
+            fields["upstream"] = str(
+                upstream or record.metrics.get("served_baseline_vllm_not_measured")
+            )
+        return replace(_measured(lang, key, _x(high), record, **fields), value=high)
+
+    return answer
+
+
 def _fork_base(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
     record = _newest(evidence, _AUDIT.stage, lambda r: isinstance(r.metrics.get("surprise"), bool))
     if record is None:
@@ -751,6 +800,8 @@ ANSWERS: dict[str, Answer] = {
     "stream-c": _stream("C"),
     "kv-dtypes": _kv_dtypes,
     "plugin-hooks": _plugin_hooks,
+    "served-step": _served("time_vs_upstream_bf16", "served-step"),
+    "served-host": _served("eager_over_graph", "served-host"),
 }
 
 

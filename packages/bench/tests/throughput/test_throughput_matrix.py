@@ -11,7 +11,8 @@ import torch
 
 from kvbench.throughput import MatrixError, load_matrix
 from kvbench.throughput._kernels import moved_bytes
-from kvbench.throughput._matrix import E2ECell, KernelCell, parse_matrix
+from kvbench.throughput._matrix import E2ECell, KernelCell, ServedStepCell, parse_matrix
+from kvquant.served import STEPS
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 # kvquant's benchmarks, beside kvbench in the monorepo: the scripts whose figures the GPU
@@ -45,8 +46,15 @@ def test_the_gpu_kernel_matrix_times_the_shapes_kvquants_benchmarks_print(
     decode = importlib.import_module("benchmark_decode_geometry")
     matrix = load_matrix(CONFIGS / "throughput-gpu-kernels.toml")
     cells = [cell for cell in matrix.cells if isinstance(cell, KernelCell)]
-    # Kernels only: the run needs no vLLM.
-    assert len(cells) == len(matrix.cells)
+    steps = [cell for cell in matrix.cells if isinstance(cell, ServedStepCell)]
+    # Kernels and served steps only: the run needs no vLLM engine.
+    assert len(cells) + len(steps) == len(matrix.cells)
+    # benchmark_served_step.py's table, ours and upstream's, INT8 and bf16, 32 layers.
+    assert {(c.step, c.cache_dtype, c.impl, c.layers) for c in steps} == {
+        (step.spec, cache, impl, 32)
+        for step, cache, impl in itertools.product(STEPS, ("int8", "bfloat16"), ("kvquant", "vllm"))
+    }
+    assert all(c.shape == cells[0].shape for c in steps)
     s = cells[0].shape
     assert (s.num_q_heads, s.num_kv_heads, s.head_size, s.block_size) == (
         shapes.NUM_Q_HEADS,

@@ -19,6 +19,8 @@ table; kvbench's kernel matrix records it.
 
 from __future__ import annotations
 
+import itertools
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -51,7 +53,6 @@ class Step:
     """One engine step: ``decodes`` decodes at ``decode_context`` keys each, then each chunk
     (cached keys, new tokens) a prefill request."""
 
-    name: str
     decodes: int
     decode_context: int
     chunks: tuple[tuple[int, int], ...] = ()
@@ -64,18 +65,79 @@ class Step:
     def seq_lens(self) -> list[int]:
         return [self.decode_context] * self.decodes + [cached + new for cached, new in self.chunks]
 
+    @property
+    def name(self) -> str:
+        """In words, e.g. "64 decodes x 4k + 1 chunk (2k + 256)"."""
+        parts = [f"{self.decodes} decodes x {_tokens(self.decode_context)}"] if self.decodes else []
+        for (cached, new), count in _groups(self.chunks):
+            noun = ("prefill" if not self.decodes else "chunk") + ("s" if count > 1 else "")
+            parts.append(f"{count} {noun} ({_tokens(cached)} + {_tokens(new)})")
+        return " + ".join(parts)
 
-STEPS = (
-    Step("64 decodes x 4k", 64, 4096),
-    Step("64 decodes x 4k + 1 chunk (2k + 256)", 64, 4096, ((2048, 256),)),
-    Step("32 decodes x 4k + 2 chunks (1k + 1k)", 32, 4096, ((1024, 1024),) * 2),
-    Step("128 decodes x 1k + 1 chunk (0 + 512)", 128, 1024, ((0, 512),)),
-    Step("4 prefills (0 + 2k)", 0, 0, ((0, 2048),) * 4),
-    Step("16 decodes x 8k + 4 chunks (4k + 128)", 16, 8192, ((4096, 128),) * 4),
-    Step("8 decodes x 32k + 1 chunk (16k + 512)", 8, 32768, ((16384, 512),)),
-    Step("256 decodes x 1k", 256, 1024),
+    @property
+    def spec(self) -> str:
+        """As `parse_step` reads it, e.g. "64x4096 + 1x(2048+256)"."""
+        parts = [f"{self.decodes}x{self.decode_context}"] if self.decodes else []
+        parts += [f"{count}x({cached}+{new})" for (cached, new), count in _groups(self.chunks)]
+        return " + ".join(parts)
+
+
+_DECODES = re.compile(r"(\d+)x(\d+)")
+_CHUNKS = re.compile(r"(\d+)x\((\d+)\+(\d+)\)")
+
+
+def parse_step(text: str) -> Step:
+    """A step from its spec: terms joined by "+", each "DxC" (D decodes of C keys; at most one,
+    first) or "Nx(P+Q)" (N prefill requests of P cached keys and Q new tokens), e.g.
+    "64x4096 + 1x(2048+256)" or "4x(0+2048)".
+
+    Raises:
+        InvalidInputError: the text is no such spec, or the step holds no request.
+    """
+    terms = re.split(r"\+(?![^(]*\))", text.replace(" ", ""))
+    decodes = context = 0
+    chunks: list[tuple[int, int]] = []
+    for index, term in enumerate(terms):
+        plain, chunk = _DECODES.fullmatch(term), _CHUNKS.fullmatch(term)
+        if plain and index == 0:
+            decodes, context = int(plain[1]), int(plain[2])
+        elif chunk:
+            chunks += [(int(chunk[2]), int(chunk[3]))] * int(chunk[1])
+        else:
+            raise InvalidInputError(
+                f"step {text!r}: expected decodes DxC then prefills Nx(P+Q) joined by '+', "
+                "e.g. '64x4096 + 1x(2048+256)'"
+            )
+    if (not decodes and not chunks) or (decodes and not context):
+        raise InvalidInputError(f"step {text!r}: no request, or decodes of no key")
+    if any(new < 1 for _, new in chunks):
+        raise InvalidInputError(f"step {text!r}: a prefill with no new token")
+    return Step(decodes, context, tuple(chunks))
+
+
+def _tokens(count: int) -> str:
+    return f"{count // 1024}k" if count and count % 1024 == 0 else str(count)
+
+
+def _groups(chunks: tuple[tuple[int, int], ...]) -> list[tuple[tuple[int, int], int]]:
+    """Runs of equal chunks, in order: ((cached, new), how many)."""
+    return [(chunk, len(list(run))) for chunk, run in itertools.groupby(chunks)]
+
+
+STEPS = tuple(
+    parse_step(spec)
+    for spec in (
+        "64x4096",
+        "64x4096 + 1x(2048+256)",
+        "32x4096 + 2x(1024+1024)",
+        "128x1024 + 1x(0+512)",
+        "4x(0+2048)",
+        "16x8192 + 4x(4096+128)",
+        "8x32768 + 1x(16384+512)",
+        "256x1024",
+    )
 )
-CPU_STEP = Step("2 decodes x 100 + 1 chunk (63 + 37)", 2, 100, ((63, 37),))
+CPU_STEP = parse_step("2x100 + 1x(63+37)")
 
 
 def parse_geometry(text: str) -> AttentionGeometry:
@@ -316,6 +378,31 @@ def step_times(plan: Callable[[], T], layers: Callable[[T], None], steps: int,
         torch.cuda.synchronize()
         replays.append((time.perf_counter() - started) * 1e3)
     return StepTimes(host[0], median(replays), *host[1:])
+
+
+def time_ours(batch: Batch, geometry: AttentionGeometry, cache_dtype: torch.dtype, layers: int,
+              steps: int) -> StepTimes:  # fmt: skip
+    """Our step over ``layers`` caches of ``cache_dtype`` (`ours`), timed (`step_times`); the
+    caches are freed before it returns."""
+    device = batch.block_table.device
+    times = step_times(*ours(batch, geometry, cache_dtype, layers), steps, device)
+    _release(device)
+    return times
+
+
+def time_upstream(batch: Batch, geometry: AttentionGeometry, kernels: UpstreamKernels,
+                  int8: bool, layers: int, steps: int) -> StepTimes:  # fmt: skip
+    """Upstream's step (`upstream`), timed as ours is."""
+    device = batch.block_table.device
+    times = step_times(*upstream(batch, geometry, kernels, int8, layers), steps, device)
+    _release(device)
+    return times
+
+
+def _release(device: torch.device) -> None:
+    """Hand the step's caches back, so that the next step's fit (32 layers at 32k take GiBs)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _sync(device: torch.device) -> None:

@@ -196,7 +196,52 @@ class E2ECell:
         }
 
 
-Cell = KernelCell | E2ECell
+@dataclass(frozen=True)
+class ServedStepCell:
+    """One engine step as kvquant's vLLM plugin serves it (`kvquant.served`), or as upstream
+    vLLM's Triton backend serves the same batch: ``layers`` x (cache write + attention) of the
+    ``shape``'s geometry, timed eagerly with one sync per step and as the same launches replayed
+    in a CUDA graph.
+
+    ``step`` is the batch as `kvquant.served.parse_step` reads it: decodes "DxC", then prefill
+    requests "Nx(P+Q)" (P cached keys, Q new tokens), joined by "+".
+    """
+
+    step: str
+    cache_dtype: str
+    layers: int
+    steps: int
+    shape: KernelShape
+    impl: str = "kvquant"
+
+    kind = "served_step"
+    metric = "time_ms"
+    unit = "ms"
+
+    @property
+    def heads(self) -> str:
+        s = self.shape
+        return f"{s.num_q_heads}/{s.num_kv_heads}x{s.head_size}"
+
+    @property
+    def name(self) -> str:
+        impl = "" if self.impl == "kvquant" else f"{self.impl} "
+        return (
+            f"{impl}served_step {self.cache_dtype} {self.step} layers={self.layers} "
+            f"heads={self.heads} block={self.shape.block_size}"
+        )
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "impl": self.impl,
+            "step": self.step,
+            "heads": self.heads,
+            "cache_dtype": self.cache_dtype,
+            "layers": self.layers,
+        }
+
+
+Cell = KernelCell | E2ECell | ServedStepCell
 
 
 @dataclass(frozen=True)
@@ -222,6 +267,18 @@ _KERNEL_KEYS: dict[str, tuple[type, object]] = {
     "heads": (str, ""),
     "impl": (str, "kvquant"),
 }
+_SERVED_STEP_KEYS: dict[str, tuple[type, object]] = {
+    "step": (str, None),
+    "cache_dtype": (str, None),
+    "impl": (str, "kvquant"),
+    "layers": (int, 32),
+    # Timed steps per cell on a GPU (the median of them, eager and replayed).
+    "steps": (int, 20),
+    "heads": (str, ""),
+}
+# Whose step a served-step cell times: kvquant's plugin path, or upstream vLLM's Triton backend.
+SERVED_STEP_IMPLS = ("kvquant", "vllm")
+_SERVED_STEP_CACHES = ("int8", "bfloat16", "float16")
 _HEADS = re.compile(r"(\d+)/(\d+)x(\d+)")
 _E2E_KEYS: dict[str, tuple[type, object]] = {
     "bench": (str, None),
@@ -240,7 +297,9 @@ _KERNEL_OPS = ("cache_write", "decode", "prefill")
 # SDPA flash, which attends over a dense 16-bit K and V: a prefill baseline only.
 KERNEL_IMPLS = ("kvquant", "vllm", "sdpa")
 _E2E_BENCHES = ("throughput", "latency")
-_TOP_KEYS = {"name", "gates", "engine", "kernel_shape", "capacity", "kernel", "e2e"}
+_TOP_KEYS = {
+    "name", "gates", "engine", "kernel_shape", "capacity", "kernel", "e2e", "served_step"
+}  # fmt: skip
 # Every other number is a count, a size or a duration and must be > 0: vLLM's -O0 is a
 # compilation level, and zero noise or change gates are strict but meaningful.
 _MAY_BE_ZERO = {"compilation", "noise_sigmas", "min_change", "prefix"}
@@ -380,6 +439,9 @@ def parse_matrix(text: str, source: str) -> Matrix:
                 )
             combo["extra_args"] = tuple(combo["extra_args"])
             cells.append(E2ECell(model=engine.model, **combo))
+    for index, table in enumerate(_tables(reader, data, "served_step")):
+        for combo in reader.expand(f"served_step[{index}]", table, _SERVED_STEP_KEYS):
+            cells.append(_served_step(reader, f"served_step[{index}]", shape, combo))
     names = [cell.name for cell in cells]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -399,6 +461,30 @@ def parse_matrix(text: str, source: str) -> Matrix:
         capacity=reader.settings("capacity", data.get("capacity", {}), CapacitySettings),
         cells=tuple(cells),
     )
+
+
+def _served_step(
+    reader: _Reader, where: str, shape: KernelShape, combo: dict[str, Any]
+) -> ServedStepCell:
+    """One served-step cell, its step spec and choices checked (the spec's reader is kvquant's)."""
+    from kvquant import InvalidInputError
+    from kvquant.served import parse_step
+
+    try:
+        combo["step"] = parse_step(combo["step"]).spec
+    except InvalidInputError as error:
+        raise reader.fail(f"{where}.step", str(error)) from None
+    for key, known in (("impl", SERVED_STEP_IMPLS), ("cache_dtype", _SERVED_STEP_CACHES)):
+        if combo[key] not in known:
+            raise reader.fail(f"{where}.{key}", f"is {combo[key]!r}; expected one of {known}")
+    if combo["impl"] == "vllm" and combo["cache_dtype"] not in ("int8", shape.model_dtype):
+        raise reader.fail(
+            f"{where}.cache_dtype",
+            f"is {combo['cache_dtype']!r} for upstream; its 16-bit cache is the model's "
+            f"({shape.model_dtype!r})",
+        )
+    heads = combo.pop("heads")
+    return ServedStepCell(shape=_with_heads(reader, f"{where}.heads", shape, heads), **combo)
 
 
 def _with_heads(reader: _Reader, where: str, shape: KernelShape, heads: str) -> KernelShape:

@@ -58,6 +58,8 @@ def trend_group(cell: dict[str, Any]) -> str:
     KV cache dtype; a chart of a line per cell (one per shape and geometry) is unreadable."""
     if cell["kind"] == "kernel":
         return f"{cell['op']} {cell['cache_dtype']}"
+    if cell["kind"] == "served_step":
+        return f"served step {cell['cache_dtype']}"
     return f"{cell['bench']} {cell['kv_cache_dtype']}"
 
 

@@ -61,6 +61,26 @@ E2E_COLUMNS = [
     "history_runs",
     "verdict",
 ]
+SERVED_STEP_COLUMNS = [
+    "impl",
+    "step",
+    "heads",
+    "cache_dtype",
+    "layers",
+    "measurement",
+    "eager_ms",
+    "graph_ms",
+    "eager_over_graph",
+    "plan_ms",
+    "issue_ms",
+    "time_vs_16bit",
+    "time_vs_upstream_bf16",
+    "time_vs_upstream_int8",
+    "baseline",
+    "judgement",
+    "history_runs",
+    "verdict",
+]
 # Capacity rows name the cache they assume ("kv_cache_dtype" as the engine is given it, stored
 # as "cache_dtype") and where they come from ("source": "computed" or "engine"), shown under
 # the column "source_kind".
@@ -98,7 +118,7 @@ class ThroughputResult:
     elapsed_s: float
     results_file: str | None = field(default=None, compare=False)
 
-    RECORD_TABLES: ClassVar[tuple[str, ...]] = ("kernels", "e2e", "capacity")
+    RECORD_TABLES: ClassVar[tuple[str, ...]] = ("kernels", "e2e", "capacity", "served_steps")
 
     @property
     def passed(self) -> bool:
@@ -124,10 +144,15 @@ class ThroughputResult:
         min_history = check["min_history"]
         tables = (
             _cells_table(KERNEL_COLUMNS, [c for c in cells if c["kind"] == "kernel"], min_history),
-            _cells_table(E2E_COLUMNS, [c for c in cells if c["kind"] != "kernel"], min_history),
+            _cells_table(E2E_COLUMNS, [c for c in cells if c["kind"] == "e2e"], min_history),
             RecordTable(
                 CAPACITY_COLUMNS,
                 [[row.get(name) for name in _CAPACITY_FIELDS] for row in self.capacity],
+            ),
+            _cells_table(
+                SERVED_STEP_COLUMNS,
+                [c for c in cells if c["kind"] == "served_step"],
+                min_history,
             ),
         )
         return RecordParts(
@@ -161,6 +186,7 @@ def _cells_table(columns: list[str], cells: list[Cell], min_history: int) -> Rec
         runs = cell.get("history_runs")
         computed = {
             "median_ms": cell["value"],
+            "eager_ms": cell["value"],
             # Earlier runs compared with / the runs a judgement needs; None where none was read.
             "history_runs": None if runs is None else f"{runs}/{min_history}",
             "verdict": _verdict(cell),

@@ -22,11 +22,12 @@ from ._errors import OutputError
 from ._hardware import fingerprint
 from ._history import History, check_history_url, default_history_url
 from ._kernels import SPEEDUPS, add_ratios, copy_bandwidth_gbs, run_kernel_cell, select_device
-from ._matrix import Cell, E2ECell, KernelCell, Matrix, load_matrix
+from ._matrix import Cell, E2ECell, KernelCell, Matrix, ServedStepCell, load_matrix
 from ._model import ModelShape, model_shape, resolve_model
 from ._plots import scaling_plots, trend_group, trend_plot
 from ._regression import HISTORY_TOO_SHORT, NOT_JUDGED, judge
 from ._result import ThroughputResult
+from ._served import add_served_ratios, run_served_step_cell, summarize_served
 
 # Whether a larger value of a metric is an improvement.
 HIGHER_IS_BETTER = {"tokens_per_s": True, "time_ms": False, "latency_s": False}
@@ -148,14 +149,17 @@ def _run_cells(
 
     kernel_cells = [c for c in spec.cells if isinstance(c, KernelCell)]
     device, copy_gbs = "", 0.0
-    if kernel_cells:
+    if kernel_cells or any(isinstance(c, ServedStepCell) for c in spec.cells):
         device = select_device()
+    if kernel_cells:
         copy_gbs = copy_bandwidth_gbs(device, kernel_cells[0].shape)
     results = []
     for cell in tqdm(spec.cells, desc=spec.name, unit="cell", disable=not progress):
         try:
             if isinstance(cell, KernelCell):
                 measured = run_kernel_cell(cell, device, copy_gbs)
+            elif isinstance(cell, ServedStepCell):
+                measured = run_served_step_cell(cell, device)
             else:
                 assert engine is not None
                 model_path, environment = engine
@@ -169,6 +173,7 @@ def _run_cells(
             stored = {"model_dtype": cell.shape.model_dtype}
         results.append({**_blank(cell), **stored, **measured})
     add_ratios(results)
+    add_served_ratios(results)
     return results
 
 
@@ -269,7 +274,7 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
         summary[f"baseline_{impl}_not_measured"] = missing[0]["error"] if missing else None
     ratios = [c["bytes_vs_16bit"] for c in int8 if c["op"] == "decode" and c["bytes_vs_16bit"]]
     summary["int8_bytes_per_token_vs_16bit"] = max(ratios, default=None)
-    return summary
+    return summary | summarize_served(cells)
 
 
 def shape_label(cell: dict[str, Any]) -> str:
