@@ -3,7 +3,8 @@
 No engine starts and no weights load: the plugin is registered through its entry point function,
 then vLLM 0.18.1's config validation, CLI parser, dtype map, attention layer, KV spec, backend
 selector and backend API are driven directly. The version-table test runs everywhere; the rest
-only where the installed vLLM is 0.18.1 (DESIGN.md, "vLLM 0.18.1", has the venv recipe).
+only where the installed vLLM is 0.18.1 (``nox -s vllm018``); elsewhere they skip, as 0.18.1's
+hooks cannot apply to another release.
 """
 
 from __future__ import annotations

