@@ -1,5 +1,6 @@
-"""Sessions: `nox -s nightly` (the main job), `test`, `lint`, `typecheck`, `kernels`, `vllm`, `gpu`;
-`lock` refreshes the locks the others install from.
+"""Sessions: `nox -s nightly` (the main job), `test`, `lint`, `typecheck`, `kernels`, `vllm`,
+`vllm018` (the plugin's tests on vLLM 0.18.1), `gpu`; `lock` refreshes the locks the others install
+from (`nox -s lock -- NAME` only the named ones).
 
 torch: on a CPU machine each session installs `torch==2.13.0` (the CPU build). On the users'
 accelerator the vendor's torch is already in the system interpreter and must be the one used, so
