@@ -464,7 +464,11 @@ def lock(session: nox.Session) -> None:
     noxfile.py and the pyproject files; on a CPU machine, after changing one of them."""
     session.install(PIP)
     # `nox -s lock -- vllm018` writes the named locks only; none named, every one.
-    chosen = set(session.posargs) or {*LOCKS, DATA_LOCK, TARGET_TRITON_LOCK}
+    names = {*LOCKS, DATA_LOCK, TARGET_TRITON_LOCK}
+    chosen = set(session.posargs) or names
+    if chosen - names:
+        unknown, known = ", ".join(sorted(chosen - names)), ", ".join(sorted(names))
+        session.error(f"no lock named {unknown}; the locks: {known}")
     no_deps = [(DATA_LOCK, MODEL_AND_DATA), (TARGET_TRITON_LOCK, [TARGET_TRITON])]
     for name, environment in LOCKS.items():
         if name not in chosen:
