@@ -2,8 +2,8 @@
 turns a package's result into the stage's record, writes it and shows it.
 
 A stage flow only calls its package: the package's result gives the parts of the record
-(`RecordParts`: summary, metrics, tables, its own gates' verdicts and the files it wrote), and
-`run_stage` does the rest, the same way for every stage.
+(kvrecord's `RecordParts`: summary, metrics, tables, its own gates' verdicts and the files it
+wrote), and `run_stage` does the rest, the same way for every stage.
 """
 
 from __future__ import annotations
@@ -12,22 +12,15 @@ import dataclasses
 import math
 import os
 import tomllib
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.concurrency.sync import concurrency
 
 from adrkit import (
-    Gate,
-    Provenance,
-    Record,
-    RecordError,
-    Scalar,
-    Table,
     check_records,
     hardware,
     load_sources,
@@ -37,13 +30,23 @@ from adrkit import (
     utc_now,
     write_record,
 )
+from kvrecord import Gate, Provenance, Record, RecordError, RecordParts, Scalar
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GATES_FILE = REPO_ROOT / "flows" / "gates.toml"
 # Declares the source files of each stage, whose hashes every record carries (adrkit's freshness).
 ADR_DIR = REPO_ROOT / "docs" / "adr"
 # Versions recorded with every record, so a figure can be tied to the code that produced it.
-PROVENANCE_PACKAGES = ["adrkit", "forkaudit", "kvquant", "kvbench", "prefect", "torch", "triton"]
+PROVENANCE_PACKAGES = [
+    "kvrecord",
+    "adrkit",
+    "forkaudit",
+    "kvquant",
+    "kvbench",
+    "prefect",
+    "torch",
+    "triton",
+]
 
 
 @dataclass(frozen=True)
@@ -61,65 +64,18 @@ class RunContext:
         return path
 
 
-class ResultTable(Protocol):
-    """A table of a package's result, as a record holds it."""
-
-    @property
-    def columns(self) -> Sequence[str]: ...
-    @property
-    def rows(self) -> Sequence[Sequence[Scalar]]: ...
-    @property
-    def baseline_found(self) -> bool | None: ...
-
-
-class ResultGate(Protocol):
-    """A gate a package judged on its own result."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def value(self) -> float: ...
-    @property
-    def op(self) -> str: ...
-    @property
-    def threshold(self) -> float: ...
-    @property
-    def passed(self) -> bool: ...
-
-
-class RecordParts(Protocol):
-    """What a package's result gives its stage's record (`kvquant.results.RecordParts`,
-    `forkaudit.RecordParts`): the packages know no record, so they give its parts."""
-
-    @property
-    def summary(self) -> str: ...
-    @property
-    def metrics(self) -> Mapping[str, Scalar]: ...
-    @property
-    def tables(self) -> Mapping[str, ResultTable]: ...
-    @property
-    def gates(self) -> Sequence[ResultGate]: ...
-    @property
-    def artifacts(self) -> Mapping[str, str]: ...
-
-
 def stage_record(ctx: RunContext, stage: str, started_at: str, parts: RecordParts) -> Record:
     """The record of ``parts``, whose status follows its gates, the package's and those of
     gates.toml for ``stage``: a failed gate fails the stage, with the reason. So does a table
     that an ADR block reads from the stage and the parts lack (`adrkit.check_records`).
 
-    Each package gate is judged again as the record is built; a verdict that disagrees is an
-    error, not a record.
+    Each package gate was judged as it was built (kvrecord's `Gate`), so a verdict that
+    disagrees with its figures is an error before it gets here.
     """
     metrics = dict(parts.metrics)
-    gates = [Gate(g.name, g.value, g.op, g.threshold, g.passed) for g in parts.gates]
-    gates += stage_gates(stage, metrics)
+    gates = [*parts.gates, *stage_gates(stage, metrics)]
     failed = [g for g in gates if not g.passed]
     reason = "; ".join(f"gate {g.name}: {g.value:g} not {g.op} {g.threshold:g}" for g in failed)
-    tables = {
-        name: Table(list(table.columns), [list(row) for row in table.rows], table.baseline_found)
-        for name, table in parts.tables.items()
-    }
     # The audit names the fork it read among its metrics; its provenance names it too.
     fork_commit, fork_tree = (metrics.get(k) for k in ("fork_commit", "fork_tree"))
     record = Record(
@@ -128,7 +84,7 @@ def stage_record(ctx: RunContext, stage: str, started_at: str, parts: RecordPart
         reason=reason or None,
         summary=parts.summary,
         metrics=metrics,
-        tables=tables,
+        tables=dict(parts.tables),
         gates=gates,
         artifacts=dict(parts.artifacts),
         provenance=_provenance(

@@ -19,6 +19,7 @@ import forkaudit
 from adrkit import Record
 from flows._stage import RunContext, run_stage
 from kvquant.vllm_plugin import UPSTREAM_HOOKS_FILE
+from kvrecord import RecordParts
 
 STAGE = "audit"
 
@@ -56,7 +57,7 @@ def diff_fork(
     )
 
 
-def audit_parts(report: forkaudit.AuditReport, out_dir: Path) -> forkaudit.RecordParts:
+def audit_parts(report: forkaudit.AuditReport, out_dir: Path) -> RecordParts:
     """The record of ``report``, whose JSON, English report and patch are written first."""
     return forkaudit.record_parts(report, forkaudit.write_reports(report, out_dir))
 

@@ -11,7 +11,7 @@ import pytest
 from adrkit import utc_now
 from flows._stage import RunContext, stage_record
 from flows.pipeline import STAGES, MisdeclaredBlockError, check_block_sources
-from kvquant.results import RecordParts, RecordTable
+from kvrecord import RecordParts, Table
 
 RENAMED = (
     "block `kvbench-accuracy` reads table `deltas` of stage `accuracy`, which is not among its "
@@ -34,7 +34,7 @@ def test_a_stage_whose_result_renamed_a_table_stops_the_pipeline_at_the_start(
 
 
 def test_a_record_without_a_table_its_blocks_read_fails_its_stage(tmp_path: Path) -> None:
-    empty = RecordTable(["task"], [])
+    empty = Table(["task"], [])
     tables = {"delta": empty, "divergence": empty}
     parts = RecordParts("INT8 against 16-bit", {"divergence_controls_failed": 0}, tables)
     record = stage_record(RunContext("run-1", tmp_path), "accuracy", utc_now(), parts)

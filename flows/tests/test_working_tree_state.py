@@ -75,7 +75,8 @@ def _nightly_records(results: Path) -> None:
 
 
 def _pytest(copy: Path, *targets: str) -> subprocess.CompletedProcess[str]:
-    sources = [copy / "packages" / name / "src" for name in ("adr", "audit", "kvquant", "bench")]
+    packages = ("record", "adr", "audit", "kvquant", "bench")
+    sources = [copy / "packages" / name / "src" for name in packages]
     env = os.environ | {
         "PYTHONPATH": os.pathsep.join(map(str, [copy, *sources])),
         "PYTHONDONTWRITEBYTECODE": "1",
@@ -117,7 +118,7 @@ def test_the_suites_pass_in_a_checkout_a_nightly_left_its_results_in(tmp_path: P
 def _update_from_the_root(copy: Path) -> subprocess.CompletedProcess[str]:
     """`adrkit update --store .results/nightly-1` from the copy's root, which reads `.results`
     and writes `docs/adr` there by default."""
-    sources = [copy / "packages" / "adr" / "src"]
+    sources = [copy / "packages" / name / "src" for name in ("record", "adr")]
     return subprocess.run(
         [sys.executable, "-m", "adrkit", "update", "--store", ".results/nightly-1"],
         cwd=copy,

@@ -1,5 +1,6 @@
-"""adrkit: the results record every pipeline stage writes, and the writer that puts the figures
-into the Architecture Decision Records.
+"""adrkit: the results records every pipeline stage writes, and the writer that puts the figures
+into the Architecture Decision Records. The record's types are kvrecord's, named here too for the
+flows that write records.
 
 Stages build a `Record` and `write_record` it under a results root; `update_adrs` renders every
 generated block of every ADR from the latest records, as one set and under the ADR directory's
@@ -9,14 +10,7 @@ lock.
 from adrkit._block_sources import BLOCK_SOURCES, BlockSource, check_records, missing_tables
 from adrkit._blocks import BLOCKS
 from adrkit._document import LANGS
-from adrkit._errors import (
-    AdrError,
-    CommitError,
-    MarkerError,
-    RecordError,
-    RenderError,
-    ResultsError,
-)
+from adrkit._errors import AdrError, CommitError, MarkerError, RenderError, ResultsError
 from adrkit._evidence import (
     Evidence,
     HardwareClasses,
@@ -27,23 +21,21 @@ from adrkit._evidence import (
 from adrkit._freshness import SOURCES_FILE, Sources, Stale, load_sources, source_hashes, stale
 from adrkit._markdown import markdown_table, markdown_text
 from adrkit._provenance import hardware, new_run_id, package_versions, repo_state, utc_now
-from adrkit._record import (
-    MAX_RECORD_BYTES,
+from adrkit._record import MAX_RECORD_BYTES, load_latest, read_record, write_record
+from adrkit._render import Shown, block_keys, render_block
+from adrkit._summary import Decisions, decision_rows, load_decisions, milestone_problems
+from adrkit._writer import UpdateResult, update_adrs
+from kvrecord import (
     SCHEMA_VERSION,
     STATUSES,
     Gate,
     Provenance,
     Record,
+    RecordError,
     Scalar,
     Status,
     Table,
-    load_latest,
-    read_record,
-    write_record,
 )
-from adrkit._render import Shown, block_keys, render_block
-from adrkit._summary import Decisions, decision_rows, load_decisions, milestone_problems
-from adrkit._writer import UpdateResult, update_adrs
 
 __all__ = [
     "BLOCKS",

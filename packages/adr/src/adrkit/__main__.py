@@ -9,6 +9,7 @@ from pathlib import Path
 
 from adrkit._errors import AdrError
 from adrkit._writer import update_adrs
+from kvrecord import RecordError
 
 DEFAULT_RESULTS = Path(".results")
 
@@ -67,7 +68,7 @@ def main(argv: Sequence[str]) -> int:
             commit_branch=args.commit_branch,
             store=args.store,
         )
-    except AdrError as exc:
+    except (AdrError, RecordError) as exc:
         print(f"adrkit: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     for path in result.changed:

@@ -19,8 +19,8 @@ from adrkit._markdown import (
     source_line,
     stage_message,
 )
-from adrkit._record import Record, Scalar, Table
 from adrkit._stage_renderer import Records, Renderer, render_record_table, require_record
+from kvrecord import Record, Scalar, Table
 
 
 def _gate_table(record: Record, lang: str) -> str:

@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from adrkit._errors import RecordError
-from adrkit._record import Record
+from kvrecord import Record, RecordError
 
 
 @dataclass(frozen=True)

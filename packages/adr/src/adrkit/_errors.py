@@ -1,12 +1,9 @@
-"""adrkit's exceptions: every one carries a one-line message meant for the user."""
+"""adrkit's exceptions: every one carries a one-line message meant for the user. A record that
+does not fit the schema is kvrecord's `RecordError`, which the command line reports the same way."""
 
 
 class AdrError(Exception):
     """Raised when the ADRs cannot be updated; nothing has been written."""
-
-
-class RecordError(AdrError):
-    """Raised when a results record does not fit the schema."""
 
 
 class ResultsError(AdrError):

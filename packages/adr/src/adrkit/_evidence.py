@@ -38,7 +38,8 @@ from adrkit._layout import (
     results_record_paths,
     store_record_paths,
 )
-from adrkit._record import RECORD_SUFFIX, Record, RecordFile, read_record
+from adrkit._record import RECORD_SUFFIX, RecordFile, read_record
+from kvrecord import Record
 
 EVIDENCE_DIR = "evidence"
 HARDWARE_FILE = "hardware.toml"

@@ -21,7 +21,7 @@ from adrkit._errors import AdrError
 from adrkit._files import FileReadError, read_capped
 from adrkit._labels import label
 from adrkit._markdown import code_cell, markdown_text
-from adrkit._record import Record
+from kvrecord import Record
 
 SOURCES_FILE = "sources.toml"
 _MAX_SOURCES_BYTES = 64 * 2**10

@@ -9,8 +9,8 @@ from __future__ import annotations
 from adrkit._block_sources import BLOCK_SOURCES
 from adrkit._labels import label
 from adrkit._markdown import code_cell, markdown_text
-from adrkit._record import Record, Scalar, Table
 from adrkit._stage_renderer import Records, StageRenderer, render_record_table
+from kvrecord import Record, Scalar, Table
 
 _STAGE = BLOCK_SOURCES["kvquant-resources"].stage
 # Per Triton release, in this order: the figures a reader compares between releases.

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 
 from adrkit._labels import TRANSLATED_CELLS, label
-from adrkit._record import Record, Scalar
+from kvrecord import Record, Scalar
 
 
 class Markdown(str):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import git
 
-from adrkit._record import Scalar
+from kvrecord import Scalar
 
 
 def utc_now() -> str:

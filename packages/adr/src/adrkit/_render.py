@@ -19,7 +19,6 @@ from adrkit._evidence import Evidence, HardwareClasses
 from adrkit._freshness import Sources, stale, stale_note
 from adrkit._labels import label
 from adrkit._markdown import Markdown, code_cell, markdown_table, markdown_text, source_line
-from adrkit._record import Record, Scalar
 from adrkit._stage_renderer import StageRenderer
 from adrkit._summary import (
     SUMMARY_KEYS,
@@ -28,6 +27,7 @@ from adrkit._summary import (
     render_summary,
     summary_label,
 )
+from kvrecord import Record, Scalar
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from adrkit._block_sources import BLOCK_SOURCES, BlockSource
-from adrkit._errors import AdrError, RecordError
+from adrkit._errors import AdrError
 from adrkit._evidence import (
     Evidence,
     HardwareClasses,
@@ -32,7 +32,7 @@ from adrkit._files import FileReadError, read_capped
 from adrkit._freshness import Sources, load_sources, stale, stale_note
 from adrkit._labels import label
 from adrkit._markdown import Markdown, code_cell, markdown_table, markdown_text
-from adrkit._record import Gate, Record, Scalar, Table
+from kvrecord import Gate, Record, RecordError, Scalar, Table
 
 DECISIONS_FILE = "decisions.toml"
 _MAX_DECISIONS_BYTES = 256 * 2**10

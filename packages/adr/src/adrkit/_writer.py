@@ -38,9 +38,10 @@ from adrkit._freshness import load_sources
 from adrkit._layout import figure_signature, is_real_folder, listing
 from adrkit._lock import DirectoryLock
 from adrkit._markdown import markdown_text
-from adrkit._record import RECORD_SUFFIX, Record, RecordFile, artifact_in_run_dir
+from adrkit._record import RECORD_SUFFIX, RecordFile, artifact_in_run_dir
 from adrkit._render import Shown, render_block
 from adrkit._summary import load_decisions
+from kvrecord import Record
 
 INDEX_NAME = "README.md"
 ADR_GLOB = "[0-9][0-9][0-9][0-9]-*.md"

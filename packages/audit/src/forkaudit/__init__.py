@@ -32,8 +32,6 @@ from forkaudit._hooks import (
 from forkaudit._questions import ANSWERS, EVIDENCE_KINDS, QUESTIONS, Answer, Evidence
 from forkaudit._record import (
     RECORD_TABLES,
-    RecordParts,
-    RecordTable,
     record_parts,
     write_reports,
 )
@@ -77,8 +75,6 @@ __all__ = [
     "HookResult",
     "HooksError",
     "HooksFileError",
-    "RecordParts",
-    "RecordTable",
     "Rules",
     "RulesFileError",
     "ScopeError",

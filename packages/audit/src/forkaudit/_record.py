@@ -2,49 +2,22 @@
 
 The record carries codes and figures, never forkaudit's English sentences (but its summary), so
 that the ADR writer can say them in each ADR's language. Its tables are the report's JSON fields,
-by their JSON names. forkaudit does not depend on the record's package; the pipeline copies these
-parts into its record.
+by their JSON names. The parts are kvrecord's `RecordParts`; the pipeline makes them a record. Its
+gates are empty: the audit is judged by the pipeline's own gate on ``vendor_risk_changes``.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from forkaudit._snapshot import LARGE_FILE_BYTES
+from kvrecord import RecordParts, Scalar, Table
 
 if TYPE_CHECKING:
     from forkaudit._report import AuditReport
-
-# A metric or table cell: a JSON scalar.
-Scalar = str | int | float | bool | None
-
-
-@dataclass(frozen=True)
-class RecordTable:
-    """A table of a record: column ids and rows of scalars. None of the audit's tables is a
-    difference against an earlier result, so `baseline_found` is always None."""
-
-    columns: list[str]
-    rows: list[list[Scalar]]
-    baseline_found: None = None
-
-
-@dataclass(frozen=True)
-class RecordParts:
-    """The audit stage's record: its summary, metrics (the fork's commit and tree among them)
-    and tables, and the files the report was written to. ``gates`` is empty: the audit is
-    judged by the pipeline's own gate on ``vendor_risk_changes``."""
-
-    summary: str
-    metrics: dict[str, Scalar]
-    tables: dict[str, RecordTable]
-    artifacts: dict[str, str] = field(default_factory=dict)
-    gates: tuple[()] = ()
-
 
 # A question has one row per piece of evidence (`kind` is the evidence's), or one row without.
 QUESTION_COLUMNS = ["question", "answer", "kind", "subject", "change", "name", "old", "new", "path"]
@@ -163,10 +136,10 @@ def _scalar(value: object) -> Scalar:
     raise TypeError(f"{value!r} is not a JSON scalar")
 
 
-def _table(columns: list[str], items: Sequence[Mapping[str, object]]) -> RecordTable:
+def _table(columns: list[str], items: Sequence[Mapping[str, object]]) -> Table:
     """ITEMS' fields as table cells; a list, which no cell holds, is joined: a finding's changed
     lines by line breaks, keywords and streams by commas."""
-    return RecordTable(
+    return Table(
         columns,
         [
             [

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .results import RecordParts, RecordTable, files_by_name
+from kvrecord import RecordParts, Table, files_by_name
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class CorrectnessResult:
         passed_cases = sum(c.passed for c in cases)
         passed_edges = sum(e.passed for e in edges)
         tables = (
-            RecordTable(
+            Table(
                 ERROR_COLUMNS,
                 [
                     [
@@ -120,7 +120,7 @@ class CorrectnessResult:
                     for c in cases
                 ],
             ),
-            RecordTable(
+            Table(
                 ["case", "verdict", "detail"],
                 [[e.name, "passed" if e.passed else "failed", e.detail] for e in edges],
             ),

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from kvquant.results import GateCheck, RecordParts, RecordTable, Scalar, files_by_name
+from kvrecord import Gate, RecordParts, Scalar, Table, files_by_name
 
 from ._config import DivergenceGate
 
@@ -23,31 +23,31 @@ DeltaRow = dict[str, Any]
 DivergenceRow = dict[str, Any]
 
 
-def delta_gate(name: str, delta: float, stderr: float, tolerance: float) -> GateCheck:
+def delta_gate(name: str, delta: float, stderr: float, tolerance: float) -> Gate:
     """The accuracy gate: ``|delta| <= max(tolerance, 2 * stderr)``.
 
     A delta inside twice its standard error cannot be told from noise, so the gate only fails
     on a difference that is both larger than the tolerance and statistically visible.
     """
-    return GateCheck.judge(name, abs(delta), "<=", max(tolerance, 2.0 * stderr))
+    return Gate.judge(name, abs(delta), "<=", max(tolerance, 2.0 * stderr))
 
 
 def divergence_gates(
     where: str, mean_kld: float, same_top1: float, ppl_ratio: float, gate: DivergenceGate
-) -> dict[str, GateCheck]:
+) -> dict[str, Gate]:
     """The divergence gate's three checks of one row (named after ``where``); a row passes when
     all hold."""
     return {
-        "mean_kld": GateCheck.judge(f"{where} mean KLD", mean_kld, "<=", gate.max_mean_kld),
-        "same_top1": GateCheck.judge(f"{where} same top-1", same_top1, ">=", gate.min_same_top1),
-        "ppl_ratio": GateCheck.judge(f"{where} PPL ratio", ppl_ratio, "<=", gate.max_ppl_ratio),
+        "mean_kld": Gate.judge(f"{where} mean KLD", mean_kld, "<=", gate.max_mean_kld),
+        "same_top1": Gate.judge(f"{where} same top-1", same_top1, ">=", gate.min_same_top1),
+        "ppl_ratio": Gate.judge(f"{where} PPL ratio", ppl_ratio, "<=", gate.max_ppl_ratio),
     }
 
 
-def agreement_gate(candidate: str, difference: float, allowed: float) -> GateCheck:
+def agreement_gate(candidate: str, difference: float, allowed: float) -> Gate:
     """The two attention paths agree: their candidate mean KLDs differ by at most ``allowed``."""
     name = f"divergence {candidate} mean KLD, kernels - reference |difference|"
-    return GateCheck.judge(name, abs(difference), "<=", allowed)
+    return Gate.judge(name, abs(difference), "<=", allowed)
 
 
 @dataclass(frozen=True)
@@ -83,9 +83,9 @@ class DivergenceResult:
         fields = {k: v for k, v in data.items() if k not in ("gate", "passed")}
         return cls(gate=DivergenceGate(**data["gate"]), **fields)
 
-    def gates(self) -> list[GateCheck]:
+    def gates(self) -> list[Gate]:
         """The divergence gate on each candidate row, and the attention paths' agreement."""
-        checks: list[GateCheck] = []
+        checks: list[Gate] = []
         for row in self.rows:
             if row["control"]:
                 continue
@@ -227,8 +227,8 @@ class AccuracyResult:
                 f"controls not as expected: {divergence['divergence_controls_failed']}"
             )
         tables = (
-            RecordTable(DELTA_COLUMNS, [_delta_row(row) for row in rows]),
-            RecordTable(
+            Table(DELTA_COLUMNS, [_delta_row(row) for row in rows]),
+            Table(
                 DIVERGENCE_COLUMNS,
                 [_divergence_row(row) for run in self.divergence for row in run.rows],
             ),

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from kvquant.results import RecordParts, RecordTable, Scalar, files_by_name
+from kvrecord import RecordParts, Scalar, Table, files_by_name
 
 from ._regression import describe_history_check
 
@@ -145,7 +145,7 @@ class ThroughputResult:
         tables = (
             _cells_table(KERNEL_COLUMNS, [c for c in cells if c["kind"] == "kernel"], min_history),
             _cells_table(E2E_COLUMNS, [c for c in cells if c["kind"] == "e2e"], min_history),
-            RecordTable(
+            Table(
                 CAPACITY_COLUMNS,
                 [[row.get(name) for name in _CAPACITY_FIELDS] for row in self.capacity],
             ),
@@ -179,7 +179,7 @@ class ThroughputResult:
         )
 
 
-def _cells_table(columns: list[str], cells: list[Cell], min_history: int) -> RecordTable:
+def _cells_table(columns: list[str], cells: list[Cell], min_history: int) -> Table:
     """Every column but these is a field of the cell under the same name."""
 
     def row(cell: Cell) -> list[Scalar]:
@@ -193,7 +193,7 @@ def _cells_table(columns: list[str], cells: list[Cell], min_history: int) -> Rec
         }
         return [computed[c] if c in computed else cell.get(c) for c in columns]
 
-    return RecordTable(columns, [row(cell) for cell in cells])
+    return Table(columns, [row(cell) for cell in cells])
 
 
 def _verdict(cell: Cell) -> str:

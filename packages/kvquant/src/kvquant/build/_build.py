@@ -16,8 +16,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from kvrecord import holds
+
 from .._output import output_problem
-from ..results import holds
 from ._compile import RESULT_FILE, compile_cell
 from ._errors import BuildError
 from ._matrix import GATES, Matrix, load_matrix

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..results import GateCheck, RecordParts, RecordTable, Scalar
+from kvrecord import Gate, RecordParts, Scalar, Table
 
 # A manifest cell: its kernel, target and specialization, status and error, and the resource
 # fields the compiler reported (`DIFF_FIELDS`); JSON, as manifest.json holds it.
@@ -133,8 +133,8 @@ class BuildResult:
             for d in self.diff
         ]
         tables = (
-            RecordTable(RESOURCE_COLUMNS, resource_rows(self.cells)),
-            RecordTable(DIFF_COLUMNS, diff_rows, baseline_found=compared),
+            Table(RESOURCE_COLUMNS, resource_rows(self.cells)),
+            Table(DIFF_COLUMNS, diff_rows, baseline_found=compared),
         )
         return RecordParts(
             summary=(
@@ -149,7 +149,7 @@ class BuildResult:
             },
             tables=dict(zip(self.RECORD_TABLES, tables, strict=True)),
             gates=[
-                GateCheck(gate.name, gate.value, gate.op, gate.threshold, gate.passed)
+                Gate(gate.name, gate.value, gate.op, gate.threshold, gate.passed)
                 for gate in self.gates
                 if gate.value is not None
             ],

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..results import GateCheck, RecordParts, RecordTable, Scalar
+from kvrecord import Gate, RecordParts, Scalar, Table
+
 from ._build import build, installed_triton
 from ._errors import BuildError
 from ._matrix import load_matrix
@@ -128,15 +129,15 @@ class TritonBuilds:
                 zip(
                     self.RECORD_TABLES,
                     (
-                        RecordTable(["triton", "triton_role", *RESOURCE_COLUMNS], resources),
-                        RecordTable(["triton", *DIFF_COLUMNS], diff, baseline_found=compared),
-                        RecordTable(["triton", *_SHAPE_COLUMNS], shapes),
+                        Table(["triton", "triton_role", *RESOURCE_COLUMNS], resources),
+                        Table(["triton", *DIFF_COLUMNS], diff, baseline_found=compared),
+                        Table(["triton", *_SHAPE_COLUMNS], shapes),
                     ),
                     strict=True,
                 )
             ),
             gates=[
-                GateCheck(g.name, g.value, g.op, g.threshold, g.passed)
+                Gate(g.name, g.value, g.op, g.threshold, g.passed)
                 for g in gated.result.gates
                 if g.value is not None
             ],
