@@ -56,7 +56,7 @@ head_size = [64, 80]
 block_size = [16]
 gqa = [1]
 model_dtype = ["fp16"]
-cache_dtype = ["model"]
+cache_dtype = ["auto"]
 [gates]
 max_vgpr_spills = 0
 min_waves_per_simd = 9   # above gfx90a's 8: must fail
@@ -286,7 +286,7 @@ def test_default_matrix_covers_the_served_shapes() -> None:
     matrix = load_matrix(None)
     assert (matrix.head_size, matrix.block_size) == ((64, 80, 96, 128, 256), (16, 32, 64))
     assert set(matrix.model_dtype) == {"fp16", "bf16"}
-    assert set(matrix.cache_dtype) == {"int8", "model"}
+    assert set(matrix.cache_dtype) == {"int8", "auto"}
     assert len(matrix.points()) == 5 * 3 * len(matrix.gqa) * 2 * 2
     assert matrix.specs == "kvquant.ops:aot_specs" and matrix.gates["max_vgpr_spills"] == 0
     # The gfx90a target's Triton, with where it is stated: the fork's base's ROCm requirements.
@@ -361,7 +361,7 @@ head_size = [64]
 block_size = [16]
 gqa = [1]
 model_dtype = ["fp16"]
-cache_dtype = ["model"]
+cache_dtype = ["auto"]
 """
 # Runs in the subprocess, with compiled Triton: each bad input through the CLI, its exit code,
 # its stderr, and the exception if one escaped (a traceback for the user).

@@ -76,7 +76,8 @@ def test_prefill_that_reads_the_cache_shows_int8_in_both_modes(
 def test_unknown_kv_cache_dtype_is_refused_in_one_line(smollm2: Any) -> None:
     with pytest.raises(
         AccuracyError,
-        match=r"^`kv_cache_dtype` is 'int2'; expected one of auto, int8, fp8_e4m3, int4$",
+        match=r"^`kv_cache_dtype`: cache dtype 'int2' is not known for accuracy or control; "
+        r"expected one of auto, int8, fp8_e4m3, int4$",
     ) as info:
         _kvquant(smollm2, "int2", "decode", reads=True)
     assert "\n" not in str(info.value)

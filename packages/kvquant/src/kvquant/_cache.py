@@ -23,12 +23,18 @@ from typing import Any
 import torch
 
 from ._errors import InvalidInputError
+from .cache_dtypes import CACHE_DTYPES, KERNELS
 
 # The kernels take both sizes as runtime values marked as multiples of 16 (ops._common), and
 # split a slot or key position into page and offset by shifting: block sizes are powers of two.
 SUPPORTED_HEAD_SIZES = (64, 80, 96, 128, 256)
 SUPPORTED_BLOCK_SIZES = (16, 32, 64)
-CACHE_DTYPES = (torch.int8, torch.float16, torch.bfloat16)
+# The element dtypes of a page: the kernels' caches that fix one (`cache_dtypes`).
+PAGE_DTYPES = tuple(
+    getattr(torch, row.torch_dtype)
+    for row in CACHE_DTYPES
+    if KERNELS in row.paths and row.torch_dtype is not None
+)
 # The model dtypes the kernels take (queries, keys and values, outputs).
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)
 # Upstream stores each scale as 4 fp32 bytes right after the codes it belongs to.
@@ -156,9 +162,9 @@ def cache_from_pages(
             ``page_elems = page_bytes(num_kv_heads, block_size, head_size, pages.dtype) //
             pages.dtype.itemsize``.
     """
-    if pages.dim() != 2 or pages.dtype not in CACHE_DTYPES:
+    if pages.dim() != 2 or pages.dtype not in PAGE_DTYPES:
         raise InvalidInputError(
-            f"`pages` is {pages.dtype} with {pages.dim()} dims; expected one of {CACHE_DTYPES} "
+            f"`pages` is {pages.dtype} with {pages.dim()} dims; expected one of {PAGE_DTYPES} "
             "[num_blocks, page_elems]"
         )
     _check_geometry(pages.shape[0], num_kv_heads, head_size, block_size)
@@ -203,8 +209,8 @@ def allocate_cache(
             16-bit baseline.
     """
     _check_geometry(num_blocks, num_kv_heads, head_size, block_size)
-    if dtype not in CACHE_DTYPES:
-        raise InvalidInputError(f"`dtype` is {dtype}; expected one of {CACHE_DTYPES}")
+    if dtype not in PAGE_DTYPES:
+        raise InvalidInputError(f"`dtype` is {dtype}; expected one of {PAGE_DTYPES}")
     elems = page_bytes(num_kv_heads, block_size, head_size, dtype) // dtype.itemsize
     pages = torch.zeros(num_blocks, elems, dtype=dtype, device=device)
     return cache_from_pages(pages, num_kv_heads, block_size, head_size)

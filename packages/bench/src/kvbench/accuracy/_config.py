@@ -9,6 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvquant.cache_dtypes import (
+    ACCURACY,
+    CONTROL,
+    UnknownCacheDTypeError,
+    cache_dtype,
+    cache_dtype_names,
+)
+
 from ._errors import ConfigError
 
 # Shipped inside the package, so a plain (non-editable) install runs the defaults too. The task
@@ -21,10 +29,10 @@ TASKS_DIR = Path(__file__).with_name("tasks")
 TASK_MODES = ("single-pass", "decode", "generate")
 DIVERGENCE_MODE = "divergence"
 RUN_MODES = (*TASK_MODES, DIVERGENCE_MODE)
-# auto: the model dtype; int8: kvquant per-(token, kv-head); fp8_e4m3: emulated vLLM fp8.
-KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
+# The caches an accuracy run compares (`kvquant.cache_dtypes`, path "accuracy").
+KV_CACHE_DTYPES = cache_dtype_names(ACCURACY)
 # The divergence runs' degraded control: an emulated 4-bit per-(token, kv-head) cache.
-DEGRADED_KV_CACHE_DTYPE = "int4"
+(DEGRADED_KV_CACHE_DTYPE,) = cache_dtype_names(CONTROL)
 # How the attention reads a paged cache: kvquant's Triton kernels (a GPU) or its torch reference.
 ATTENTION_PATHS = ("kernels", "reference")
 # Offline running text for the divergence runs (kvbench.accuracy._corpus).
@@ -280,10 +288,10 @@ def load_config(
     gate = _table(data, "gate", {"tolerance", *_DIVERGENCE_GATE_KEYS})
     for key, default in (("baseline", "auto"), ("candidate", "int8")):
         name = _typed(compare, "compare", key, str, default)
-        if name not in KV_CACHE_DTYPES:
-            raise ConfigError(
-                f"`compare.{key}` is {name!r}; expected one of {', '.join(KV_CACHE_DTYPES)}"
-            )
+        try:
+            cache_dtype(name, ACCURACY)
+        except UnknownCacheDTypeError as error:
+            raise ConfigError(f"`compare.{key}`: {error}") from None
     backend = _typed(model, "model", "backend", str, "kvquant-hf")
     if backend not in BACKENDS:
         raise ConfigError(f"`model.backend` is {backend!r}; expected one of {', '.join(BACKENDS)}")

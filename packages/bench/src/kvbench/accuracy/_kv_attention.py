@@ -27,7 +27,9 @@ from typing import Protocol
 
 import torch
 
-from ._config import DEGRADED_KV_CACHE_DTYPE, KV_CACHE_DTYPES
+from kvquant.cache_dtypes import ACCURACY, CONTROL, UnknownCacheDTypeError, cache_dtype
+
+from ._config import DEGRADED_KV_CACHE_DTYPE
 from ._errors import AccuracyError, UnsupportedModelError
 
 ATTN_IMPLEMENTATION = "kvquant"
@@ -220,20 +222,20 @@ class KVSession:
 
 def cache_storage(kv_cache_dtype: str, model_dtype: torch.dtype) -> tuple[str, torch.dtype]:
     """("paged" | "dense" | "int4", element dtype) for a ``kv_cache_dtype`` name; rejects unknown
-    names. "int4" is the emulated control, its codes held in int8."""
+    names (`kvquant.cache_dtypes`). "int4" is the emulated control, its codes held in int8."""
+    try:
+        cache_dtype(kv_cache_dtype, ACCURACY, CONTROL)
+    except UnknownCacheDTypeError as error:
+        raise AccuracyError(f"`kv_cache_dtype`: {error}") from None
     if kv_cache_dtype == "int8":
         return "paged", torch.int8
     if kv_cache_dtype == DEGRADED_KV_CACHE_DTYPE:
         return "int4", torch.int8
     if kv_cache_dtype == "fp8_e4m3":
         return "dense", torch.float8_e4m3fn
-    if kv_cache_dtype == "auto":
-        if model_dtype in (torch.float16, torch.bfloat16):
-            return "paged", model_dtype
-        return "dense", model_dtype
-    known = ", ".join((*KV_CACHE_DTYPES, DEGRADED_KV_CACHE_DTYPE))
-    msg = f"`kv_cache_dtype` is {kv_cache_dtype!r}; expected one of {known}"
-    raise AccuracyError(msg)
+    if model_dtype in (torch.float16, torch.bfloat16):  # "auto": the model's own dtype
+        return "paged", model_dtype
+    return "dense", model_dtype
 
 
 def new_session(

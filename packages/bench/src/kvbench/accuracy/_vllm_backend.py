@@ -18,14 +18,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-# Imports torch but not vLLM, so `prepare_vllm` still runs before vLLM loads. This module itself
-# loads only for the vllm backend, which needs torch anyway.
-from kvquant.vllm_plugin import INT8_KV_CACHE_DTYPE
+from kvquant.cache_dtypes import ACCURACY, CACHE_DTYPES
 
 from ._errors import BackendMissingError, EngineStartError
 
-# kvbench's cache names (config `[compare]`) -> vLLM's `kv_cache_dtype` strings.
-VLLM_KV_CACHE_DTYPES = {"auto": "auto", "int8": INT8_KV_CACHE_DTYPE, "fp8_e4m3": "fp8_e4m3"}
+# kvbench's cache names (config `[compare]`) -> the `kv_cache_dtype` lm-eval's vllm model takes.
+VLLM_KV_CACHE_DTYPES = {
+    row.name: row.lm_eval for row in CACHE_DTYPES if ACCURACY in row.paths and row.lm_eval
+}
 # vLLM's CPU attention wants blocks that are multiples of 32; kvquant's plugin serves INT8 in
 # kernel blocks of 16, 32 or 64, and only 32 has been run end to end through it.
 _CPU_BLOCK_SIZE = 32

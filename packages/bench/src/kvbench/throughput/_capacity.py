@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from kvquant.cache_dtypes import UnknownCacheDTypeError, vllm_cache_dtype
+
 from ._matrix import CapacitySettings, E2ECell, EngineSettings
 from ._model import ModelShape
 
@@ -23,15 +25,6 @@ _MODEL_DTYPES = {
     "bfloat16": "bfloat16",
     "float": "float32",
     "float32": "float32",
-}
-# vLLM's --kv-cache-dtype names that fix the stored element dtype; "auto" stores the model's.
-_KV_CACHE_DTYPES = {
-    "bfloat16": "bfloat16",
-    "float16": "float16",
-    "fp8": "float8_e4m3fn",
-    "fp8_e4m3": "float8_e4m3fn",
-    "fp8_e5m2": "float8_e5m2",
-    "int8_per_token_head": "int8",
 }
 
 
@@ -54,9 +47,11 @@ def engine_model_dtype(args: Sequence[str], config_dtype: str | None) -> str | N
 
 def stored_dtype(kv_cache_dtype: str, model_dtype: str | None) -> str | None:
     """The element dtype a ``--kv-cache-dtype`` cache stores; None when it is not known here."""
-    if kv_cache_dtype == "auto":
-        return model_dtype
-    return _KV_CACHE_DTYPES.get(kv_cache_dtype)
+    try:
+        stored = vllm_cache_dtype(kv_cache_dtype).torch_dtype
+    except UnknownCacheDTypeError:
+        return None
+    return model_dtype if stored is None else stored
 
 
 def cell_dtypes(

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvquant.cache_dtypes import KERNELS, cache_dtype
+
 from ._errors import BaselineUnavailableError
 from ._matrix import KernelCell, KernelShape
 from ._measurement import INTERPRETER_CHECK, TIMED
@@ -35,7 +37,6 @@ from ._upstream import baseline_name, load_upstream, sdpa_call, upstream_call
 if TYPE_CHECKING:
     import torch
 
-_CACHE_DTYPES = ("int8", "float16", "bfloat16")
 # On the CPU, the copy ceiling's buffer: the interpreter's cells are tiny too.
 _CPU_COPY_BUFFER_MIB = 64
 
@@ -68,12 +69,10 @@ def _dtypes(cell: KernelCell) -> tuple[torch.dtype, torch.dtype]:
     cache holds the model's dtype, so its activations are the cache's dtype."""
     import torch
 
-    if cell.cache_dtype not in _CACHE_DTYPES:
-        msg = f"`cache_dtype` is {cell.cache_dtype!r}; expected one of {_CACHE_DTYPES}"
-        raise ValueError(msg)
-    cache_dtype: torch.dtype = getattr(torch, cell.cache_dtype)
-    int8 = cache_dtype == torch.int8
-    return cache_dtype, getattr(torch, cell.shape.model_dtype) if int8 else cache_dtype
+    stored = cache_dtype(cell.cache_dtype, KERNELS).torch_dtype or cell.shape.model_dtype
+    cache: torch.dtype = getattr(torch, stored)
+    int8 = cache == torch.int8
+    return cache, getattr(torch, cell.shape.model_dtype) if int8 else cache
 
 
 def moved_bytes(cell: KernelCell) -> int:

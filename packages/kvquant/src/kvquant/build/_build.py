@@ -19,6 +19,7 @@ from typing import Any
 from kvrecord import holds
 
 from .._output import output_problem
+from ..cache_dtypes import BUILD, cache_dtype
 from ._compile import RESULT_FILE, compile_cell
 from ._errors import BuildError
 from ._matrix import GATES, Matrix, load_matrix
@@ -77,7 +78,8 @@ def _torch_dtypes(point: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     model = {"fp16": torch.float16, "bf16": torch.bfloat16}[point["model_dtype"]]
-    cache = torch.int8 if point["cache_dtype"] == "int8" else model
+    stored = cache_dtype(point["cache_dtype"], BUILD).torch_dtype
+    cache = model if stored is None else getattr(torch, stored)
     return {**point, "model_dtype": model, "cache_dtype": cache}
 
 

@@ -10,11 +10,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..cache_dtypes import BUILD, cache_dtype_names
 from ._errors import MatrixFileError
 
 DEFAULT_MATRIX = "default_matrix.toml"
 MODEL_DTYPES = ("fp16", "bf16")
-CACHE_DTYPES = ("int8", "model")  # "model": the 16-bit cache, in the model dtype
+# "auto": the 16-bit cache, in the model dtype (`kvquant.cache_dtypes`).
+CACHE_DTYPES = cache_dtype_names(BUILD)
 _INT_AXES = ("head_size", "block_size", "gqa")
 _VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 _OPTIONAL_AXES = ("kernels", "num_warps", "num_stages")

@@ -21,10 +21,9 @@ from .. import (
     cache_from_pages,
     page_bytes,
 )
+from ..cache_dtypes import INT8_KV_CACHE_DTYPE as INT8_KV_CACHE_DTYPE
 from ..reference import cache_write_ref, paged_attention_ref
 from ._errors import UnsupportedConfigError
-
-INT8_KV_CACHE_DTYPE = "int8_per_token_head"
 
 
 def wants_int8(kv_cache_dtype: object) -> bool:
