@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from adrkit._errors import AdrError, ResultsError
-from adrkit._files import FileReadError, read_capped
+from adrkit._files import is_language_table, read_declarations
 from adrkit._layout import (
     CLASS_ID,
     MAX_CLASS_ID,
@@ -103,13 +102,9 @@ class HardwareClasses:
 def load_hardware(adr_dir: Path) -> HardwareClasses:
     """``<adr dir>/hardware.toml``, checked whole; no file means no expected classes."""
     path = adr_dir / HARDWARE_FILE
-    if not path.exists():
+    data = read_declarations(path, _MAX_HARDWARE_BYTES)
+    if data is None:
         return HardwareClasses()
-    try:
-        data = tomllib.loads(read_capped(path, _MAX_HARDWARE_BYTES).decode("utf-8"))
-    except (FileReadError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as exc:
-        msg = f"cannot read {path}: {exc}"
-        raise AdrError(msg) from None
     classes = []
     for class_id, entry in data.items():
         where = f"{path}: [{class_id}]"
@@ -123,11 +118,7 @@ def load_hardware(adr_dir: Path) -> HardwareClasses:
             msg = f"{where} must be a table with exactly `label` and `stages`"
             raise AdrError(msg)
         label, stages = entry["label"], entry["stages"]
-        if (
-            not isinstance(label, dict)
-            or not label
-            or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in label.items())
-        ):
+        if not is_language_table(label):
             msg = f'{where} `label` must be a table of language = name, e.g. {{ en = "..." }}'
             raise AdrError(msg)
         if not isinstance(stages, list) or not all(isinstance(s, str) for s in stages):

@@ -20,7 +20,11 @@ import errno
 import os
 import stat
 import tempfile
+import tomllib
 from pathlib import Path
+from typing import Any
+
+from adrkit._errors import AdrError
 
 TEMP_SUFFIX = ".adrkit.tmp"
 _READ_CHUNK = 2**20
@@ -129,3 +133,24 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def read_declarations(path: Path, limit: int) -> dict[str, Any] | None:
+    """A TOML file of declarations beside the ADRs (hardware, sources, decisions), read whole
+    and at most ``limit`` bytes; None when there is no such file. Any fault is one line."""
+    if not path.exists():
+        return None
+    try:
+        return tomllib.loads(read_capped(path, limit).decode("utf-8"))
+    except (FileReadError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as exc:
+        msg = f"cannot read {path}: {exc}"
+        raise AdrError(msg) from None
+
+
+def is_language_table(value: object) -> bool:
+    """Whether ``value`` is a non-empty table of language = non-empty text."""
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all(isinstance(k, str) and isinstance(v, str) and v for k, v in value.items())
+    )

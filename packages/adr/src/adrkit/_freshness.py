@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from adrkit._errors import AdrError
-from adrkit._files import FileReadError, read_capped
+from adrkit._files import FileReadError, is_language_table, read_capped, read_declarations
 from adrkit._labels import label
 from adrkit._markdown import code_cell, markdown_text
 from kvrecord import Record
@@ -105,13 +104,9 @@ def stale(record: Record, sources: Sources) -> Stale | None:
 def load_sources(adr_dir: Path) -> Sources:
     """``<adr dir>/sources.toml``, checked whole; no file means no freshness is judged."""
     path = adr_dir / SOURCES_FILE
-    if not path.exists():
+    data = read_declarations(path, _MAX_SOURCES_BYTES)
+    if data is None:
         return Sources()
-    try:
-        data = tomllib.loads(read_capped(path, _MAX_SOURCES_BYTES).decode("utf-8"))
-    except (FileReadError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as exc:
-        msg = f"cannot read {path}: {exc}"
-        raise AdrError(msg) from None
     root = data.pop("root", None)
     if not isinstance(root, str) or not root:
         msg = f'{path}: `root` must be the repository root relative to this file, e.g. "../.."'
@@ -126,11 +121,7 @@ def load_sources(adr_dir: Path) -> Sources:
             msg = f"{where} must be a table with exactly `what` and `files`"
             raise AdrError(msg)
         what, files = entry["what"], entry["files"]
-        if (
-            not isinstance(what, dict)
-            or not what
-            or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in what.items())
-        ):
+        if not is_language_table(what):
             msg = f'{where} `what` must be a table of language = words, e.g. {{ en = "..." }}'
             raise AdrError(msg)
         if not isinstance(files, list) or not files or not all(_relative_glob(f) for f in files):

@@ -11,7 +11,6 @@ what a strict milestone run checks: every row it needs measured, passing and fre
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -28,7 +27,7 @@ from adrkit._evidence import (
     read_source,
     read_store,
 )
-from adrkit._files import FileReadError, read_capped
+from adrkit._files import is_language_table, read_declarations
 from adrkit._freshness import Sources, load_sources, stale, stale_note
 from adrkit._labels import label
 from adrkit._markdown import Markdown, code_cell, markdown_table, markdown_text
@@ -811,13 +810,9 @@ ANSWERS: dict[str, Answer] = {
 def load_decisions(adr_dir: Path) -> Decisions:
     """``<adr dir>/decisions.toml``, checked whole; no file means no summaries."""
     path = adr_dir / DECISIONS_FILE
-    if not path.exists():
+    data = read_declarations(path, _MAX_DECISIONS_BYTES)
+    if data is None:
         return Decisions()
-    try:
-        data = tomllib.loads(read_capped(path, _MAX_DECISIONS_BYTES).decode("utf-8"))
-    except (FileReadError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as exc:
-        msg = f"cannot read {path}: {exc}"
-        raise AdrError(msg) from None
     max_age = None
     blocks: dict[str, tuple[RowSpec, ...]] = {}
     for key, value in data.items():
@@ -853,9 +848,7 @@ def _row_spec(path: Path, block: str, index: int, entry: object) -> RowSpec:
     if answer not in ANSWERS:
         msg = f"{where}: answer {answer!r} is not one of {', '.join(ANSWERS)}"
         raise AdrError(msg)
-    if not isinstance(question, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) and v for k, v in question.items()
-    ):
+    if not is_language_table(question):
         msg = f"{where}: `question` must be a table of language = text"
         raise AdrError(msg)
     gate = entry.get("gate")
