@@ -111,7 +111,8 @@ def _run_stage(
     stage: str, ctx: RunContext, params: dict[str, Any], pool: str | None, pickup_timeout_s: float
 ) -> Record:
     """Run one stage, here or on `pool`, and return its record; a crash becomes a failed record,
-    and a run that no worker took becomes a skipped one."""
+    and a run that no worker took becomes a skipped one. A stage that ran wrote its record; the
+    records made here are written here, so each record is written once."""
     started_at = utc_now()
     run = {
         "run_id": ctx.run_id,
@@ -123,18 +124,22 @@ def _run_stage(
             stage, pool, run | params, pickup_timeout_s=pickup_timeout_s, timeout_s=STAGE_TIMEOUT_S
         )
         if not outcome.ran:
-            return skipped_record(ctx, stage, outcome.message)
+            return _written(ctx, skipped_record(ctx, stage, outcome.message))
         if outcome.completed:
             return read_record(ctx.results_root / ctx.run_id / f"{stage}.json")
-        return failed_record(
-            ctx, stage, started_at, f"{stage} on pool {pool!r}: {' '.join(outcome.message.split())}"
-        )
+        reason = f"{stage} on pool {pool!r}: {' '.join(outcome.message.split())}"
+        return _written(ctx, failed_record(ctx, stage, started_at, reason))
     state = STAGES[stage].flow(**run, **params, return_state=True)
     result = state.result(raise_on_failure=False)
     if state.is_completed() and isinstance(result, Record):
         return result
     reason = _one_line(result) if isinstance(result, BaseException) else str(state.message)
-    return failed_record(ctx, stage, started_at, reason)
+    return _written(ctx, failed_record(ctx, stage, started_at, reason))
+
+
+def _written(ctx: RunContext, record: Record) -> Record:
+    write_record(ctx.results_root, record)
+    return record
 
 
 @flow(name="pipeline", flow_run_name="{milestone}", log_prints=True)
@@ -202,12 +207,9 @@ def pipeline(
             ]
             if failed_needs:
                 reason = f"needs {', '.join(failed_needs)}, which failed"
-                record = skipped_record(ctx, stage, reason)
+                record = _written(ctx, skipped_record(ctx, stage, reason))
             else:
                 record = _run_stage(stage, ctx, params[stage], pools.get(stage), pickup_timeout_s)
-            # Stages write their own records too; writing it again here covers the stages that
-            # crashed or never ran, and is an atomic replace with the same content otherwise.
-            write_record(ctx.results_root, record)
             records[stage] = record
             print(f"{stage}: {record.status}: {record.reason or record.summary}")
     finally:
