@@ -16,9 +16,9 @@ COPY pyproject.toml ./
 COPY infra/worker-packages.txt infra/worker-requirements.txt infra/
 
 # Same install as the gfx90a image: the base image's torch stays, held by a constraint.
-RUN python3 -c "import torch; print(f'torch=={torch.__version__}')" > /tmp/base-torch.txt \
+RUN python3 -c "import torch; print(f'torch=={torch.__version__}')" > base-torch.txt \
  && python3 -m pip install --no-deps -r infra/worker-packages.txt \
- && python3 -m pip install --constraint /tmp/base-torch.txt -r infra/worker-requirements.txt \
+ && python3 -m pip install --constraint base-torch.txt -r infra/worker-requirements.txt \
  && python3 -c "import torch, triton, kvquant, kvbench, lm_eval, prefect; print('torch', torch.__version__)"
 
 CMD ["prefect", "worker", "start", "--pool", "cuda", "--type", "process"]

@@ -21,9 +21,9 @@ COPY infra/worker-packages.txt infra/worker-requirements.txt infra/
 # Our packages go in with --no-deps (their metadata names torch and triton, which a resolver could
 # replace); their third-party dependencies come from worker-requirements.txt, resolved with the
 # base image's torch held by a constraint, so pip fails rather than replace it.
-RUN python3 -c "import torch; print(f'torch=={torch.__version__}')" > /tmp/base-torch.txt \
+RUN python3 -c "import torch; print(f'torch=={torch.__version__}')" > base-torch.txt \
  && python3 -m pip install --no-deps -r infra/worker-packages.txt \
- && python3 -m pip install --constraint /tmp/base-torch.txt -r infra/worker-requirements.txt \
+ && python3 -m pip install --constraint base-torch.txt -r infra/worker-requirements.txt \
  && python3 -c "import torch, triton, kvquant, kvbench, lm_eval, prefect; print('torch', torch.__version__)"
 
 # KVCACHE_GPU_SLOT names this GPU's global concurrency limit (see infra/README.md).

@@ -39,14 +39,14 @@ def test_unreachable_database_is_one_clear_line_after_backoff() -> None:
     assert len(retries) >= 2
 
 
-def test_listening_database_and_sqlite_pass() -> None:
+def test_listening_database_and_sqlite_pass(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         done = _run(f"postgresql+asyncpg://p@127.0.0.1:{sock.getsockname()[1]}/p", 5)
     assert done.returncode == 0, done.stderr
     assert "reachable (attempt 1)" in done.stdout
-    assert _run("sqlite+aiosqlite:////tmp/prefect.db", 1).returncode == 0
+    assert _run(f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}", 1).returncode == 0
     bad = _run("mysql://x@127.0.0.1/x", 1)
     assert bad.returncode == 1
     assert bad.stderr.strip() == (

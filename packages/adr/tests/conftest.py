@@ -52,7 +52,7 @@ def make_record(
         status=status,  # type: ignore[arg-type]
         summary=summary,
         reason=reason,
-        metrics={"files_total": files_total, "fork": "git:/tmp/fork@HEAD"},
+        metrics={"files_total": files_total, "fork": "git:../fork@HEAD"},
         tables={"findings": Table(["stream", "path", "reason"], [["B", "vllm/envs.py", "env"]])},
         gates=[Gate.judge("vendor_risk_changes", 0.0, "<=", 0.0)],
         provenance=Provenance(
