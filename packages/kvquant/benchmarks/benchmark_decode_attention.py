@@ -14,8 +14,9 @@ calls. GB/s counts the KV bytes a decode must read, scales included.
 
 Each call is timed as a replayed CUDA graph (kernel time, as vLLM runs decode), and the INT8 call
 also eagerly ("eager ms": the Python launch path included, which bounds the small shapes). A graph
-of one call still pays a graph launch and an event pair (~4 us on the H200, DESIGN.md), which a
-decode inside a model's graph does not: "in graph" is the time per call of a graph of
+of one call still pays a graph launch and an event pair (~4 us on the H200; docs/measurements/
+2026-12-02-kvquant-decode.md, "Timing"), which a decode inside a model's graph does not: "in
+graph" is the time per call of a graph of
 GRAPH_CALLS decodes, each over its own cache, so each still reads its bytes from DRAM.
 
 The chunked prefill has its own benchmark, benchmark_prefill_attention.py.

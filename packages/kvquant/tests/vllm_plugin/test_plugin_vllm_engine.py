@@ -6,8 +6,8 @@ process (``engine_run.py``): ``--kv-cache-dtype auto`` (fp32 pages, vLLM's own C
 ``int8_per_token_head`` (kvquant's pages and attention through the plugin). Same 8 prompts, 32
 greedy tokens each. Skipped where vLLM is not installed or is a release the plugin does not serve.
 
-Thresholds, the same on every release, measured on the 2-core CPU machine (DESIGN.md, "Measured
-end to end", has the figures and reasons):
+Thresholds, the same on every release, measured on the 2-core CPU machine (docs/measurements/
+2026-12-02-kvquant-vllm-plugin.md, "Measured end to end", has the figures and reasons):
 - capacity: INT8 holds (2 * 64 * 4) / (2 * 64 + 8) = 3.76x the tokens of fp32 auto at head 64;
 - greedy: 5 of 8 completions identical over 32 tokens; the test asks for at least 4;
 - logprobs of the chosen tokens, up to each prompt's first differing token: max |diff| 0.099 and
