@@ -23,7 +23,6 @@ from prefect.runtime import flow_run
 
 import forkaudit
 from adrkit import (
-    Record,
     milestone_problems,
     missing_tables,
     new_run_id,
@@ -44,6 +43,7 @@ from kvbench.throughput import ThroughputResult
 from kvquant import CorrectnessResult
 from kvquant.build import TritonBuilds
 from kvquant.vllm_plugin import UPSTREAM_HOOKS_FILE
+from kvrecord import Record
 
 
 @dataclass(frozen=True)

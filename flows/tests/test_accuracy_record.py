@@ -12,10 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from adrkit import Record, render_block, utc_now
+from adrkit import render_block, utc_now
 from flows._stage import RunContext, stage_record
 from flows.accuracy import STAGE
 from kvbench.accuracy import AccuracyResult
+from kvrecord import Record
 
 # INT8, the 4-bit control and the prefill trap on two chunks of 64 tokens (the controls on one).
 _CONFIG = """

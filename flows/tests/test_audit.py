@@ -21,12 +21,13 @@ import pytest
 from markdown_it import MarkdownIt
 
 import forkaudit
-from adrkit import Record, render_block, update_adrs, utc_now, write_record
+from adrkit import render_block, update_adrs, utc_now, write_record
 from adrkit._labels import LABELS
 from flows._stage import RunContext, stage_record
 from flows.audit import STAGE
 from kvquant.vllm_plugin import UPSTREAM_HOOKS_FILE
 from kvquant.vllm_plugin._guard import declared_hooks
+from kvrecord import Record
 
 from conftest import REPO_ROOT, other_language
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from adrkit import Gate, Provenance, Record, Table, utc_now, write_record
+from adrkit import utc_now, write_record
+from kvrecord import Gate, Provenance, Record, Table
 
 from conftest import REPO_ROOT
 

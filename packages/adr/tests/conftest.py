@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from adrkit import Gate, Provenance, Record, Table, write_record
+from adrkit import write_record
 from adrkit.__main__ import main
+from kvrecord import Gate, Provenance, Record, Table
 
 ADR_EN = """\
 ---

@@ -9,9 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
-from adrkit import Record, Table, markdown_table, render_block
+from adrkit import markdown_table, render_block
 from adrkit._labels import LABELS
 from adrkit._markdown import code_cell
+from kvrecord import Record, Table
 
 from conftest import make_record
 

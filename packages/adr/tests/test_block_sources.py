@@ -8,15 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from adrkit import (
-    BLOCK_SOURCES,
-    BLOCKS,
-    RecordError,
-    Table,
-    check_records,
-    missing_tables,
-    render_block,
-)
+from adrkit import BLOCK_SOURCES, BLOCKS, check_records, missing_tables, render_block
+from kvrecord import RecordError, Table
 
 from conftest import make_record
 

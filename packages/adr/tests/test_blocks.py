@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from adrkit import BLOCKS, Gate, Table, render_block, update_adrs, write_record
+from adrkit import BLOCKS, render_block, update_adrs, write_record
 from adrkit._document import parse
+from kvrecord import Gate, Table
 
 from conftest import ADR_EN, human_text, make_record
 

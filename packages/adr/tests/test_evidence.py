@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from adrkit import Record, Table, hardware_class, write_record
+from adrkit import hardware_class, write_record
+from kvrecord import Record, Table
 
 from conftest import PNG, make_record, run_update, tree_hashes
 

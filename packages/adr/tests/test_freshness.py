@@ -11,14 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from adrkit import (
-    Provenance,
-    RecordError,
-    load_sources,
-    milestone_problems,
-    source_hashes,
-    write_record,
-)
+from adrkit import load_sources, milestone_problems, source_hashes, write_record
+from kvrecord import Provenance, RecordError
 
 from conftest import assert_one_line_error, make_record, run_update
 

@@ -18,15 +18,14 @@ import pytest
 from adrkit import (
     BLOCKS,
     Evidence,
-    Record,
     Shown,
-    Table,
     load_decisions,
     load_hardware,
     render_block,
     write_record,
 )
 from adrkit._render import EVIDENCE_BLOCKS
+from kvrecord import Record, Table
 
 from conftest import assert_one_line_error, make_record, run_update
 

@@ -18,10 +18,10 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from adrkit import Gate, RecordError
 from adrkit.__main__ import main
 from adrkit._document import parse
 from adrkit._render import block_keys
+from kvrecord import Gate, RecordError
 
 from conftest import PNG, human_text, tree_hashes
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from adrkit import Record, Table, write_record
+from adrkit import write_record
+from kvrecord import Record, Table
 
 from conftest import PNG, assert_one_line_error, make_record, run_update, tree_hashes
 

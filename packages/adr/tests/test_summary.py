@@ -13,17 +13,14 @@ import pytest
 
 from adrkit import (
     Evidence,
-    Gate,
-    Record,
-    Scalar,
     Shown,
-    Table,
     load_decisions,
     load_hardware,
     milestone_problems,
     render_block,
     write_record,
 )
+from kvrecord import Gate, Record, Scalar, Table
 
 from conftest import make_record, run_update
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from adrkit import Provenance, Record, Table, render_block
+from adrkit import render_block
+from kvrecord import Provenance, Record, Table
 
 # A CPU night: vLLM's own fp32 cache timed, the INT8 cache served by kvquant's torch reference.
 _E2E = Table(

@@ -11,16 +11,9 @@ from pathlib import Path
 import git
 import pytest
 
-from adrkit import (
-    AdrError,
-    CommitError,
-    RenderError,
-    ResultsError,
-    Table,
-    update_adrs,
-    write_record,
-)
+from adrkit import AdrError, CommitError, RenderError, ResultsError, update_adrs, write_record
 from adrkit.__main__ import main
+from kvrecord import Table
 
 from conftest import (
     ACCURACY_ADR,

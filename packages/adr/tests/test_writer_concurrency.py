@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from adrkit import Table, update_adrs, write_record
+from adrkit import update_adrs, write_record
 from adrkit._journal import JOURNAL_NAME
+from kvrecord import Table
 
 from conftest import ACCURACY_ADR, ADR_EN, PNG, make_record, python_env
 

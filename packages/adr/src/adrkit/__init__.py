@@ -1,6 +1,5 @@
 """adrkit: the results records every pipeline stage writes, and the writer that puts the figures
-into the Architecture Decision Records. The record's types are kvrecord's, named here too for the
-flows that write records.
+into the Architecture Decision Records. The record's types are kvrecord's.
 
 Stages build a `Record` and `write_record` it under a results root; `update_adrs` renders every
 generated block of every ADR from the latest records, as one set and under the ADR directory's
@@ -25,45 +24,25 @@ from adrkit._record import MAX_RECORD_BYTES, load_latest, read_record, write_rec
 from adrkit._render import Shown, block_keys, render_block
 from adrkit._summary import Decisions, decision_rows, load_decisions, milestone_problems
 from adrkit._writer import UpdateResult, update_adrs
-from kvrecord import (
-    SCHEMA_VERSION,
-    STATUSES,
-    Gate,
-    Provenance,
-    Record,
-    RecordError,
-    Scalar,
-    Status,
-    Table,
-)
 
 __all__ = [
     "BLOCKS",
     "BLOCK_SOURCES",
     "LANGS",
     "MAX_RECORD_BYTES",
-    "SCHEMA_VERSION",
     "SOURCES_FILE",
-    "STATUSES",
     "AdrError",
     "BlockSource",
     "CommitError",
     "Decisions",
     "Evidence",
-    "Gate",
     "HardwareClasses",
     "MarkerError",
-    "Provenance",
-    "Record",
-    "RecordError",
     "RenderError",
     "ResultsError",
-    "Scalar",
     "Shown",
     "Sources",
     "Stale",
-    "Status",
-    "Table",
     "UpdateResult",
     "block_keys",
     "check_records",
