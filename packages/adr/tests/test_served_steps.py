@@ -7,16 +7,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from adrkit import (
-    Evidence,
-    Record,
-    Scalar,
-    Shown,
-    Table,
-    load_decisions,
-    load_hardware,
-    render_block,
-)
+from adrkit import Evidence, Shown, load_decisions, load_hardware, render_block
+from kvrecord import Record, Scalar, Table
 
 from conftest import make_record
 
