@@ -16,32 +16,25 @@ from .._paged_tiles import PAGE_RUN, shared_constexprs
 # where its state fits, so no barrier crosses warps inside the tile loop. A second warp comes in
 # when the fp32 accumulator [head, query-head columns] passes _DECODE_ACC_ELEMENTS per lane of one
 # warp (16 columns, or head 256). The K tile of a program holds _DECODE_TILE_BYTES[cache bytes] per
-# lane of one warp, half that on two warps, within 16 keys per warp and _DECODE_TILE_N_MAX. Measured
-# on the H200 at head 128 (DESIGN.md, "Launch shape per geometry"): INT8 64 keys against 32 and 128
-# took 0.086 against 0.107 and 0.104 ms at 16/8k; bf16 16 keys against 32 and 64 took 1.92 against
-# 2.01 and 2.02 ms at 64/32k. Every head size, GQA and dtype then builds for sm_90 without spills.
+# lane of one warp, half that on two warps, within 16 keys per warp and _DECODE_TILE_N_MAX. The
+# fastest of the H200 sweep, and every cell of the sm_90 build without a stack frame (DESIGN.md,
+# "Launch shape per geometry").
 _DECODE_ACC_ELEMENTS = 32
 _DECODE_TILE_BYTES = {1: 256, 2: 128}
 _DECODE_TILE_N_MAX = 64
 # HIP keeps the 4-warp, 128-token layout (not timed on a gfx90a).
 _DECODE_TILE_N_HIP = 128
-# Query-head columns of one INT8 decode program, at most (`_decode_columns`), by target; a wider
-# group is split over programs that each read the kv head's tiles (the others from L2). On the
-# H200 (bf16 model, head 128, block 16, graph of 4 calls; `benchmark_decode_geometry.py
-# --columns 8 16 0`): MQA 32/1 at 32 x 8k took 0.055 ms at 8 columns, 0.068 at 16 and
-# 0.061 uncapped; 16/1 0.036 / 0.042 / 0.042; 32/2 0.059 / 0.069 / 0.069; GQA 4-8 the same at
-# every cap (one block). The 16-bit decode is fastest uncapped (MQA 0.057 ms, 0.116 at 8
-# columns): its bf16 dot is one MMA per tile whatever the width, so it keeps the whole group.
-# HIP has no cap (not timed on a gfx90a). Groups of _FP16_PV_MIN_COLUMNS take the fp16 P x V
-# decode instead, which keeps up to _FP16_PV_COLUMNS_MAX columns in a program.
+# Query-head columns of one integer INT8 decode program, at most (`_decode_columns`), by target; a
+# wider group is split over programs that each read the kv head's tiles (the others from L2). 8
+# was the fastest cap on the H200; the 16-bit decode keeps the whole group (DESIGN.md, "Wide
+# groups"). HIP has no cap (not timed on a gfx90a). Groups of _FP16_PV_MIN_COLUMNS take the fp16
+# P x V decode instead, which keeps up to _FP16_PV_COLUMNS_MAX columns in a program.
 _DECODE_COLUMNS_MAX: dict[str, int] = {"cuda": 8, "interpreter": 8}
 # INT8 decodes of groups that pad to at least _FP16_PV_MIN_COLUMNS[target] query heads run the
 # P x V dot in fp16 (USE_FP16_PV, `_fp16_pv_tiles`): the whole group (up to
-# _FP16_PV_COLUMNS_MAX columns) in one program, which loads each K/V tile once, where the
-# integer decode's programs of 8 columns each load it and each redo the per-key work. H200, bf16
-# model, head 128, block 16, graph ms at 32 x 8k (`benchmark_decode_geometry.py --pv
-# fp16`; DESIGN.md, "Wide groups"): MQA 32/1 0.040, 16/1 0.031, 32/2 0.051, where the integer
-# decode took 0.055 / 0.036 / 0.056 (`--pv int8`, an earlier run). CUDA only: the V codes are
+# _FP16_PV_COLUMNS_MAX columns) in one program, which loads each K/V tile once, where the integer
+# decode's programs of 8 columns each load it and redo the per-key work; faster than the integer
+# decode at MQA, 16/1 and 32/2 on the H200 (DESIGN.md, "Wide groups"). CUDA only: the V codes are
 # widened by PTX (`widen_codes`); gfx90a keeps the integer dots (its MFMA takes int8 at the fp16
 # rate; nothing timed there). The interpreter follows CUDA.
 _FP16_PV_MIN_COLUMNS: dict[str, int] = {"cuda": 16, "interpreter": 16}
@@ -49,27 +42,20 @@ _FP16_PV_COLUMNS_MAX = 32
 # Launch shape of the fp16 P x V decode (`_fp16_pv_shape`): two warps, more where the accumulator
 # passes _FP16_PV_ACC_ELEMENTS fp32 per lane (head 256 at 32 columns); KV tiles of
 # _DECODE_TILE_N_MAX keys, half that at head 256 and where a program without page-wise V loads
-# holds more than _FP16_PV_V_LOAD_COLUMNS head dims x columns. Chosen on resource use for the
-# earlier orientation (keys along M), where 64-key tiles at block 32 spilled 24 bytes with Triton
-# 3.9 and head 256 up to 400 (4 warps: 248). With the query heads along M, the sm_90 builds with
-# Triton 3.9 of heads 64, 80, 96, 128 and 256 at 16 and 32 columns, blocks 16 and 32, both
-# epilogues have no stack frame (head 128 at 32 columns: 237 registers, 251 with one split).
-# Timed on the H200 at MQA 32/1, 32 x 8k: 64 keys x 2 warps 0.041 ms, 128 x 4 0.042, 32 x 2
-# 0.049, 64 x 4 0.054 (`benchmark_decode_geometry.py --pv fp16@TILExWARPS`).
+# holds more than _FP16_PV_V_LOAD_COLUMNS head dims x columns. No stack frame in the sm_90 build
+# at any head size, and 64 keys on 2 warps the fastest shape timed on the H200 (DESIGN.md, "Wide
+# groups").
 _FP16_PV_ACC_ELEMENTS = 64
 _FP16_PV_V_LOAD_COLUMNS = 2048
-# Warps of the HIP decode, as the prefill's were on the H200 when both took 4 warps
-# (DESIGN.md, "Launch shape per geometry"): 4 warps beat 8 by 40-70%. Not timed on a gfx90a.
+# Warps of the HIP decode, as the 4-warp CUDA decode was fastest at 4 (DESIGN.md, "Launch shape
+# per geometry"). Not timed on a gfx90a.
 _NUM_WARPS_HIP = 4
-# Decode pipeline stages on CUDA. With one warp per program, 3 beat 2 (H200, INT8, batch 16 / 8k 86
-# against 105 us, 64 / 32k 1.036 against 1.051 ms; bf16 within 1%; DESIGN.md, "Launch shape per
-# geometry").
+# Decode pipeline stages on CUDA: 3 beat 2 with one warp per program, and 4 or 5 add no overlap
+# (DESIGN.md, "Launch shape per geometry").
 _DECODE_STAGES = 3
 # On HIP (gfx90a) the attention kernels take no software pipelining: CDNA hides latency with
-# waves per SIMD, and the pipeliner's extra buffers cost registers. Ahead-of-time build for
-# gfx90a, head 128, INT8 decode: 256 VGPRs + 47 AGPRs, 1 wave per SIMD at 3 stages; 132 VGPRs, 3
-# waves at 1 stage. Chosen on resource use; not timed on a gfx90a (none is reachable from this
-# project).
+# waves per SIMD, and the pipeliner's buffers cost registers (3 stages: 1 wave per SIMD at head
+# 128, 1 stage: 3). Chosen on resource use; not timed on a gfx90a.
 _NUM_STAGES_HIP = 1
 
 
