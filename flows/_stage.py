@@ -2,7 +2,7 @@
 turns a package's result into the stage's record, writes it and shows it.
 
 A stage flow only calls its package: the package's result gives the parts of the record
-(kvrecord's `RecordParts`: summary, metrics, tables, its own gates' verdicts and the files it
+(`adrkit.schema`'s `RecordParts`: summary, metrics, tables, its own gates' verdicts and the files it
 wrote), and `run_stage` does the rest, the same way for every stage.
 """
 
@@ -30,7 +30,7 @@ from adrkit import (
     utc_now,
     write_record,
 )
-from kvrecord import Gate, Provenance, Record, RecordError, RecordParts, Scalar
+from adrkit.schema import Gate, Provenance, Record, RecordError, RecordParts, Scalar
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GATES_FILE = REPO_ROOT / "flows" / "gates.toml"
@@ -38,7 +38,6 @@ GATES_FILE = REPO_ROOT / "flows" / "gates.toml"
 ADR_DIR = REPO_ROOT / "docs" / "adr"
 # Versions recorded with every record, so a figure can be tied to the code that produced it.
 PROVENANCE_PACKAGES = [
-    "kvrecord",
     "adrkit",
     "forkaudit",
     "kvquant",
@@ -69,7 +68,7 @@ def stage_record(ctx: RunContext, stage: str, started_at: str, parts: RecordPart
     gates.toml for ``stage``: a failed gate fails the stage, with the reason. So does a table
     that an ADR block reads from the stage and the parts lack (`adrkit.check_records`).
 
-    Each package gate was judged as it was built (kvrecord's `Gate`), so a verdict that
+    Each package gate was judged as it was built (`adrkit.schema`'s `Gate`), so a verdict that
     disagrees with its figures is an error before it gets here.
     """
     metrics = dict(parts.metrics)

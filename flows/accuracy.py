@@ -14,9 +14,9 @@ from pathlib import Path
 
 from prefect import flow, task
 
+from adrkit.schema import Record
 from flows._stage import RunContext, run_stage
 from kvbench.accuracy import AccuracyResult
-from kvrecord import Record
 
 STAGE = "accuracy"
 

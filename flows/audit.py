@@ -16,9 +16,9 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.states import State
 
 import forkaudit
+from adrkit.schema import Record, RecordParts
 from flows._stage import RunContext, run_stage
 from kvquant.vllm_plugin import UPSTREAM_HOOKS_FILE
-from kvrecord import Record, RecordParts
 
 STAGE = "audit"
 

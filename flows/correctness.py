@@ -13,9 +13,9 @@ from pathlib import Path
 
 from prefect import flow, task
 
+from adrkit.schema import Record
 from flows._stage import RunContext, run_stage
 from kvquant import CorrectnessResult
-from kvrecord import Record
 
 STAGE = "correctness"
 CHECK_TIMEOUT_S = 1800

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from adrkit.schema import COMPARISONS
 from flows._stage import ADR_DIR, GATES_FILE, REPO_ROOT
 from flows.kernels import NIGHTLY_MATRIX
 from kvquant.build import GATES as BUILD_GATES
-from kvrecord import COMPARISONS
 
-# The code that judges gates (a kvrecord `Gate` or `holds`), by file and function. Each is
+# The code that judges gates (an `adrkit.schema` `Gate` or `holds`), by file and function. Each is
 # listed below from the file that declares its thresholds.
 JUDGED_IN = {
     "flows/_stage.py": ("load_gates", "stage_gates"),

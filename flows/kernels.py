@@ -13,9 +13,9 @@ from pathlib import Path
 
 from prefect import flow, task
 
+from adrkit.schema import Record
 from flows._stage import REPO_ROOT, RunContext, run_stage
 from kvquant.build import TritonBuilds, build_tritons
-from kvrecord import Record
 
 STAGE = "kernels"
 NIGHTLY_MATRIX = REPO_ROOT / "flows" / "kernels-nightly.toml"

@@ -31,6 +31,7 @@ from adrkit import (
     utc_now,
     write_record,
 )
+from adrkit.schema import Record
 from flows._remote import run_on_pool
 from flows._stage import REPO_ROOT, RunContext, failed_record, load_gates, skipped_record
 from flows.accuracy import accuracy_stage
@@ -43,7 +44,6 @@ from kvbench.throughput import ThroughputResult
 from kvquant import CorrectnessResult
 from kvquant.build import TritonBuilds
 from kvquant.vllm_plugin import UPSTREAM_HOOKS_FILE
-from kvrecord import Record
 
 
 @dataclass(frozen=True)

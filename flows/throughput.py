@@ -17,9 +17,9 @@ from pathlib import Path
 
 from prefect import flow, task
 
+from adrkit.schema import Record
 from flows._stage import RunContext, run_stage
 from kvbench.throughput import EngineMissingError, ThroughputResult
-from kvrecord import Record
 
 STAGE = "throughput"
 HISTORY_NAME = "kvbench-history.sqlite3"

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 from adrkit import render_block, utc_now
+from adrkit.schema import Record
 from flows._stage import RunContext, stage_record
 from flows.accuracy import STAGE
 from kvbench.accuracy import AccuracyResult
-from kvrecord import Record
 
 # INT8, the 4-bit control and the prefill trap on two chunks of 64 tokens (the controls on one).
 _CONFIG = """

@@ -23,11 +23,11 @@ from markdown_it import MarkdownIt
 import forkaudit
 from adrkit import render_block, update_adrs, utc_now, write_record
 from adrkit._labels import LABELS
+from adrkit.schema import Record
 from flows._stage import RunContext, stage_record
 from flows.audit import STAGE
 from kvquant.vllm_plugin import UPSTREAM_HOOKS_FILE
 from kvquant.vllm_plugin._guard import declared_hooks
-from kvrecord import Record
 
 from conftest import REPO_ROOT, other_language
 

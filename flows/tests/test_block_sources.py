@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from adrkit import utc_now
+from adrkit.schema import RecordParts, Table
 from flows._stage import RunContext, stage_record
 from flows.pipeline import STAGES, MisdeclaredBlockError, check_block_sources
-from kvrecord import RecordParts, Table
 
 RENAMED = (
     "block `kvbench-accuracy` reads table `deltas` of stage `accuracy`, which is not among its "

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from adrkit import utc_now, write_record
-from kvrecord import Gate, Provenance, Record, Table
+from adrkit.schema import Gate, Provenance, Record, Table
 
 from conftest import REPO_ROOT
 

@@ -17,11 +17,11 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
-PACKAGES = ("record", "adr", "audit", "kvquant", "bench")
+PACKAGES = ("adr", "audit", "kvquant", "bench")
 # What the stages import from kvbench: its accuracy and throughput extras.
 BENCH_EXTRAS = ("accuracy", "throughput")
 # The base image's, never installed from a list; kvquant is one of ours.
-FROM_BASE_OR_OURS = {"torch", "triton", "kvquant", "kvrecord"}
+FROM_BASE_OR_OURS = {"torch", "triton", "kvquant", "adrkit"}
 
 
 def _lines(path: Path) -> list[str]:

@@ -10,7 +10,7 @@ import pytest
 
 from adrkit import write_record
 from adrkit.__main__ import main
-from kvrecord import Gate, Provenance, Record, Table
+from adrkit.schema import Gate, Provenance, Record, Table
 
 ADR_EN = """\
 ---

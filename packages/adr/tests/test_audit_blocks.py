@@ -5,14 +5,14 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
 from adrkit import markdown_table, render_block
 from adrkit._labels import LABELS
 from adrkit._markdown import code_cell
-from kvrecord import Record, Table
+from adrkit.schema import Record, Table
 
 from conftest import make_record
 
@@ -59,6 +59,8 @@ def _visible(text: str) -> str:
     return re.sub(r"[\x00-\x1f\x7f\ud800-\udfff]", lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
+# No deadline: a slow CI machine is no failure.
+@settings(deadline=None)
 @given(HOSTILE)
 def test_code_cell_shows_any_text_exactly_and_never_forms_a_comment(text: str) -> None:
     table = markdown_table("en", ["path", "stream"], [[code_cell(text), "B"]])
@@ -124,6 +126,7 @@ CELLS = st.one_of(
 COUNTS = st.one_of(st.none(), st.booleans(), st.integers(), HOSTILE)
 
 
+@settings(deadline=None)
 @given(st.data())
 def test_audit_blocks_render_any_record_cells_without_a_comment_or_a_crash(
     data: st.DataObject,

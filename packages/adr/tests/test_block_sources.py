@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from adrkit import BLOCK_SOURCES, BLOCKS, check_records, missing_tables, render_block
-from kvrecord import RecordError, Table
+from adrkit.schema import RecordError, Table
 
 from conftest import make_record
 

@@ -8,7 +8,7 @@ import pytest
 
 from adrkit import BLOCKS, render_block, update_adrs, write_record
 from adrkit._document import parse
-from kvrecord import Gate, Table
+from adrkit.schema import Gate, Table
 
 from conftest import ADR_EN, human_text, make_record
 

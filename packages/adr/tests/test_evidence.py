@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from adrkit import hardware_class, write_record
-from kvrecord import Record, Table
+from adrkit.schema import Record, Table
 
 from conftest import PNG, make_record, run_update, tree_hashes
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from adrkit import load_sources, milestone_problems, source_hashes, write_record
-from kvrecord import Provenance, RecordError
+from adrkit.schema import Provenance, RecordError
 
 from conftest import assert_one_line_error, make_record, run_update
 

@@ -25,7 +25,7 @@ from adrkit import (
     write_record,
 )
 from adrkit._render import EVIDENCE_BLOCKS
-from kvrecord import Record, Table
+from adrkit.schema import Record, Table
 
 from conftest import assert_one_line_error, make_record, run_update
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from adrkit import ResultsError, load_latest, read_record, write_record
-from kvrecord import Gate, Record, RecordError
+from adrkit.schema import Gate, Record, RecordError
 
 from conftest import assert_one_line_error, make_record, python_env, run_update, tree_hashes
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from adrkit.__main__ import main
 from adrkit._document import parse
 from adrkit._render import block_keys
-from kvrecord import Gate, RecordError
+from adrkit.schema import Gate, RecordError
 
 from conftest import PNG, human_text, tree_hashes
 

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from adrkit import Evidence, Shown, load_decisions, load_hardware, render_block
-from kvrecord import Record, Scalar, Table
+from adrkit.schema import Record, Scalar, Table
 
 from conftest import make_record
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from adrkit import write_record
-from kvrecord import Record, Table
+from adrkit.schema import Record, Table
 
 from conftest import PNG, assert_one_line_error, make_record, run_update, tree_hashes
 

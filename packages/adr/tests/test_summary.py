@@ -20,7 +20,7 @@ from adrkit import (
     render_block,
     write_record,
 )
-from kvrecord import Gate, Record, Scalar, Table
+from adrkit.schema import Gate, Record, Scalar, Table
 
 from conftest import make_record, run_update
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from adrkit import render_block
-from kvrecord import Provenance, Record, Table
+from adrkit.schema import Provenance, Record, Table
 
 # A CPU night: vLLM's own fp32 cache timed, the INT8 cache served by kvquant's torch reference.
 _E2E = Table(

@@ -13,7 +13,7 @@ import pytest
 
 from adrkit import AdrError, CommitError, RenderError, ResultsError, update_adrs, write_record
 from adrkit.__main__ import main
-from kvrecord import Table
+from adrkit.schema import Table
 
 from conftest import (
     ACCURACY_ADR,

@@ -24,7 +24,7 @@ import pytest
 
 from adrkit import update_adrs, write_record
 from adrkit._journal import JOURNAL_NAME
-from kvrecord import Table
+from adrkit.schema import Table
 
 from conftest import ACCURACY_ADR, ADR_EN, PNG, make_record, python_env
 

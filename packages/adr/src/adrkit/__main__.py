@@ -9,7 +9,7 @@ from pathlib import Path
 
 from adrkit._errors import AdrError
 from adrkit._writer import update_adrs
-from kvrecord import RecordError
+from adrkit.schema import RecordError
 
 DEFAULT_RESULTS = Path(".results")
 

@@ -20,7 +20,7 @@ from adrkit._markdown import (
     stage_message,
 )
 from adrkit._stage_renderer import Records, Renderer, render_record_table, require_record
-from kvrecord import Record, Scalar, Table
+from adrkit.schema import Record, Scalar, Table
 
 
 def _gate_table(record: Record, lang: str) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from kvrecord import Record, RecordError
+from adrkit.schema import Record, RecordError
 
 
 @dataclass(frozen=True)

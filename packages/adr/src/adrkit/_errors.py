@@ -1,5 +1,6 @@
 """adrkit's exceptions: every one carries a one-line message meant for the user. A record that
-does not fit the schema is kvrecord's `RecordError`, which the command line reports the same way."""
+does not fit the schema is `adrkit.schema`'s `RecordError`, which the command line reports the
+same way."""
 
 
 class AdrError(Exception):

@@ -38,7 +38,7 @@ from adrkit._layout import (
     store_record_paths,
 )
 from adrkit._record import RECORD_SUFFIX, RecordFile, read_record
-from kvrecord import Record
+from adrkit.schema import Record
 
 EVIDENCE_DIR = "evidence"
 HARDWARE_FILE = "hardware.toml"

@@ -21,7 +21,7 @@ from pathlib import Path
 from adrkit._evidence import Evidence, hardware_class, stored_path
 from adrkit._layout import figure_signature, is_figure_name
 from adrkit._record import RecordFile
-from kvrecord import Record
+from adrkit.schema import Record
 
 ASSETS_DIR = "assets"
 

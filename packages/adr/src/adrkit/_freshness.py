@@ -20,7 +20,7 @@ from adrkit._errors import AdrError
 from adrkit._files import FileReadError, is_language_table, read_capped, read_declarations
 from adrkit._labels import label
 from adrkit._markdown import code_cell, markdown_text
-from kvrecord import Record
+from adrkit.schema import Record
 
 SOURCES_FILE = "sources.toml"
 _MAX_SOURCES_BYTES = 64 * 2**10

@@ -10,7 +10,7 @@ from adrkit._block_sources import BLOCK_SOURCES
 from adrkit._labels import label
 from adrkit._markdown import code_cell, markdown_text
 from adrkit._stage_renderer import Records, StageRenderer, render_record_table
-from kvrecord import Record, Scalar, Table
+from adrkit.schema import Record, Scalar, Table
 
 _STAGE = BLOCK_SOURCES["kvquant-resources"].stage
 # Per Triton release, in this order: the figures a reader compares between releases.

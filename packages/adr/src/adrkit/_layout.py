@@ -27,7 +27,7 @@ from pathlib import Path
 from adrkit._errors import ResultsError
 from adrkit._files import TEMP_SUFFIX
 from adrkit._record import RECORD_SUFFIX, read_record
-from kvrecord import is_artifact_name
+from adrkit.schema import is_artifact_name
 
 # The figure types a block embeds, by the name's suffix, and the bytes such a file begins with:
 # a figure is copied beside the ADRs only if its content is of the type its name says.

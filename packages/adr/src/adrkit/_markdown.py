@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 
 from adrkit._labels import TRANSLATED_CELLS, label
-from kvrecord import Record, Scalar
+from adrkit.schema import Record, Scalar
 
 
 class Markdown(str):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import git
 
-from kvrecord import Scalar
+from adrkit.schema import Scalar
 
 
 def utc_now() -> str:

@@ -1,16 +1,16 @@
 """Records on disk: one JSON file per stage under ``<results root>/<run id>/<stage>.json``.
 
-The record's schema (its types, their checks and the gate comparison) is kvrecord's; this module
-writes and reads the files. The writer reads nothing but records, so a record carries everything
-a block needs: the figures, the verdicts of its gates, where its artifacts lie, and where the
-figures came from (provenance). Reading a record builds it through the schema's constructors, so
+The record's schema (its types, their checks and the gate comparison) is `adrkit.schema`'s; this
+module writes and reads the files. The writer reads nothing but records, so a record carries
+everything a block needs: the figures, the verdicts of its gates, where its artifacts lie, and where
+the figures came from (provenance). Reading a record builds it through the schema's constructors, so
 every field is checked again, a gate's stored verdict included.
 
-Artifacts live in the record's run directory, and a record names them by paths relative to it, so
-a run's folder can be moved (into an evidence store, onto another machine) with its records.
-Before this rule a record named them by absolute paths, which still read; a relative path never
-had a defined base (it meant the current directory of whoever read it), so defining it as the
-run directory changes no record written by the pipeline and the version stays.
+Artifacts live in the record's run directory, and a record names them by paths relative to it, so a
+run's folder can be moved (into an evidence store, onto another machine) with its records. Before
+this rule a record named them by absolute paths, which still read; a relative path never had a
+defined base (it meant the current directory of whoever read it), so defining it as the run
+directory changes no record written by the pipeline and the version stays.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from adrkit._errors import ResultsError
 from adrkit._files import FileReadError, atomic_write, read_capped
-from kvrecord import Record, RecordError
+from adrkit.schema import Record, RecordError
 
 RECORD_SUFFIX = ".json"
 # The largest record, an audit in which every file of a vLLM tree differs from its fork, is about

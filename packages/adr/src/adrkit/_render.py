@@ -27,7 +27,7 @@ from adrkit._summary import (
     render_summary,
     summary_label,
 )
-from kvrecord import Record, Scalar
+from adrkit.schema import Record, Scalar
 
 
 @dataclass(frozen=True)

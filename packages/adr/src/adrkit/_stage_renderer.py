@@ -13,7 +13,7 @@ from adrkit._block_sources import BLOCK_SOURCES
 from adrkit._figures import asset_name
 from adrkit._labels import TRANSLATED_CELLS, label
 from adrkit._markdown import code_cell, markdown_table, markdown_text, source_line, stage_message
-from kvrecord import Record, Scalar, Table
+from adrkit.schema import Record, Scalar, Table
 
 Records = Mapping[str, Record]
 Renderer = Callable[[Records, str], str]

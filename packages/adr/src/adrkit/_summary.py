@@ -31,7 +31,7 @@ from adrkit._files import is_language_table, read_declarations
 from adrkit._freshness import Sources, load_sources, stale, stale_note
 from adrkit._labels import label
 from adrkit._markdown import Markdown, code_cell, markdown_table, markdown_text
-from kvrecord import Gate, Record, RecordError, Scalar, Table
+from adrkit.schema import Gate, Record, RecordError, Scalar, Table
 
 DECISIONS_FILE = "decisions.toml"
 _MAX_DECISIONS_BYTES = 256 * 2**10

@@ -17,7 +17,7 @@ from adrkit._block_sources import BLOCK_SOURCES
 from adrkit._labels import label
 from adrkit._markdown import code_cell, markdown_text
 from adrkit._stage_renderer import Records, StageRenderer, render_record_table
-from kvrecord import Record, Scalar, Table
+from adrkit.schema import Record, Scalar, Table
 
 _SOURCE = BLOCK_SOURCES["kvbench-kernel-throughput"]
 _SHAPE = ("op", "heads", "batch", "context", "prefix")

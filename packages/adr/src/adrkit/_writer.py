@@ -41,7 +41,7 @@ from adrkit._markdown import markdown_text
 from adrkit._record import RECORD_SUFFIX, RecordFile, artifact_in_run_dir
 from adrkit._render import Shown, render_block
 from adrkit._summary import load_decisions
-from kvrecord import Record
+from adrkit.schema import Record
 
 INDEX_NAME = "README.md"
 ADR_GLOB = "[0-9][0-9][0-9][0-9]-*.md"

@@ -1,9 +1,9 @@
 """The audit's results record: what an `AuditReport` gives the pipeline's audit stage.
 
-The record carries codes and figures, never forkaudit's English sentences (but its summary), so
-that the ADR writer can say them in each ADR's language. Its tables are the report's JSON fields,
-by their JSON names. The parts are kvrecord's `RecordParts`; the pipeline makes them a record. Its
-gates are empty: the audit is judged by the pipeline's own gate on ``vendor_risk_changes``.
+The record carries codes and figures, never forkaudit's English sentences (but its summary), so that
+the ADR writer can say them in each ADR's language. Its tables are the report's JSON fields, by
+their JSON names. The parts are `adrkit.schema`'s `RecordParts`; the pipeline makes them a record.
+Its gates are empty: the audit is judged by the pipeline's own gate on ``vendor_risk_changes``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from adrkit.schema import RecordParts, Scalar, Table
 from forkaudit._snapshot import LARGE_FILE_BYTES
-from kvrecord import RecordParts, Scalar, Table
 
 if TYPE_CHECKING:
     from forkaudit._report import AuditReport

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from kvrecord import RecordParts, Table, files_by_name
+from adrkit.schema import RecordParts, Table, files_by_name
 
 
 @dataclass(frozen=True)

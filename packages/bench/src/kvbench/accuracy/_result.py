@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from kvrecord import Gate, RecordParts, Scalar, Table, files_by_name
+from adrkit.schema import Gate, RecordParts, Scalar, Table, files_by_name
 
 from ._config import DivergenceGate
 

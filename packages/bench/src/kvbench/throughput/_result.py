@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from kvrecord import RecordParts, Scalar, Table, files_by_name
+from adrkit.schema import RecordParts, Scalar, Table, files_by_name
 
 from ._regression import describe_history_check
 

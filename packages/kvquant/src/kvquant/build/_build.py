@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kvrecord import holds
+from adrkit.schema import holds
 
 from .._output import output_problem
 from ..cache_dtypes import BUILD, cache_dtype

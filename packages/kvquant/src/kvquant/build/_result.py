@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from kvrecord import Gate, RecordParts, Scalar, Table
+from adrkit.schema import Gate, RecordParts, Scalar, Table
 
 # A manifest cell: its kernel, target and specialization, status and error, and the resource
 # fields the compiler reported (`DIFF_FIELDS`); JSON, as manifest.json holds it.

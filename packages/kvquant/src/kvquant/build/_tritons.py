@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from kvrecord import Gate, RecordParts, Scalar, Table
+from adrkit.schema import Gate, RecordParts, Scalar, Table
 
 from ._build import build, installed_triton
 from ._errors import BuildError

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from kvrecord import COMPARISONS, Gate, RecordError, Table, files_by_name, holds
+from adrkit.schema import COMPARISONS, Gate, RecordError, Table, files_by_name, holds
 
 
 @pytest.mark.parametrize(
