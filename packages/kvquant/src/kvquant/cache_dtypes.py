@@ -18,7 +18,7 @@ from ._errors import InvalidInputError
 KERNELS = "kernels"  # kvquant's Triton kernels on paged pages
 BUILD = "build"  # the AOT build matrix: INT8 and the model's own 16-bit cache
 ACCURACY = "accuracy"  # kvbench's accuracy runs on kvquant-hf (a real or emulated cache)
-CONTROL = "control"  # the divergence runs' degraded control, emulated only
+CONTROL = "control"  # the divergence runs' controls (INT8 with fewer bits), never shipped
 VLLM = "vllm"  # a vLLM engine's --kv-cache-dtype (INT8 through kvquant's plugin)
 PATHS = (KERNELS, BUILD, ACCURACY, CONTROL, VLLM)
 
@@ -69,6 +69,10 @@ CACHE_DTYPES: tuple[CacheDType, ...] = (
     _row("fp8_e5m2", ("fp8_e5m2",), "float8_e5m2", 1, VLLM),
     # 4-bit codes held one per int8: a control that must fail the divergence gates.
     _row("int4", (), "int8", 0.5, CONTROL),
+    # 5 to 7-bit codes held one per int8: controls reported beside the divergence gates.
+    _row("int5", (), "int8", 0.625, CONTROL),
+    _row("int6", (), "int8", 0.75, CONTROL),
+    _row("int7", (), "int8", 0.875, CONTROL),
 )
 _BY_NAME = {row.name: row for row in CACHE_DTYPES}
 _BY_VLLM_NAME = {name: row for row in CACHE_DTYPES for name in row.vllm}

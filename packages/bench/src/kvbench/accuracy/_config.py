@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import tomllib
@@ -32,11 +33,19 @@ RUN_MODES = (*TASK_MODES, DIVERGENCE_MODE)
 # The caches an accuracy run compares (`kvquant.cache_dtypes`, path "accuracy").
 KV_CACHE_DTYPES = cache_dtype_names(ACCURACY)
 # The divergence runs' degraded control: an emulated 4-bit per-(token, kv-head) cache.
-(DEGRADED_KV_CACHE_DTYPE,) = cache_dtype_names(CONTROL)
+DEGRADED_KV_CACHE_DTYPE = "int4"
+# The divergence controls' caches (`kvquant.cache_dtypes`, path "control"): INT8's scheme (one
+# scale per token and kv head) with codes of fewer bits, "int<bits>", never caches to ship.
+# Stored as INT8 codes, so kvquant's INT8 kernels read them.
+CONTROL_CACHE_BITS = {name: int(name.removeprefix("int")) for name in cache_dtype_names(CONTROL)}
+# Which kvquant kernel reads the cache at a divergence run's scored positions: "prefill" scores
+# chunks in one forward each; "decode" prefills the start of each text and scores every
+# position of its windows as one decode step of a batch of texts.
+DIVERGENCE_KERNELS = ("prefill", "decode")
 # How the attention reads a paged cache: kvquant's Triton kernels (a GPU) or its torch reference.
 ATTENTION_PATHS = ("kernels", "reference")
 # Offline running text for the divergence runs (kvbench.accuracy._corpus).
-CORPORA = ("coqa-stories", "lambada-passages")
+CORPORA = ("coqa-stories", "lambada-passages", "qasper-papers")
 # The lm-eval model that scores the tasks: kvquant-hf (a HF model over a kvquant cache, every
 # mode) or lm-eval's own `vllm` model, whose engine is given the cache dtype.
 BACKENDS = ("kvquant-hf", "vllm")
@@ -73,6 +82,17 @@ class DivergenceSpec:
         attention: the paths that read the paged caches, each scoring every chunk; None: the
             kernels on a GPU, the reference on the CPU (`check_attention`).
         attention_name: the setting ``attention`` came from, for messages.
+        kernel: one of `DIVERGENCE_KERNELS`. The fields below are the decode kernel's (a
+            prefill run leaves them empty); ``tokens``, ``chunk_length`` and ``control_tokens``
+            are the prefill kernel's (a decode run leaves them 0).
+        texts: texts decoded together, one batch, each ``text_length`` tokens.
+        windows: ``(first, end)`` position ranges scored, in order: every position p with
+            ``first <= p < end`` is one decode step that reads p + 1 keys and predicts token
+            p + 1. The tokens before a window that no window scores are prefilled.
+        control_windows: the windows the controls score (the candidate scores ``windows``).
+        buckets: the context lengths (keys read) that end each row's bucket, ascending.
+        near_gate: a control cache (`CONTROL_CACHE_BITS`) reported beside the gate, not gated;
+            None for none.
     """
 
     index: int
@@ -82,6 +102,13 @@ class DivergenceSpec:
     control_tokens: int
     attention: tuple[str, ...] | None
     attention_name: str
+    kernel: str = "prefill"
+    texts: int = 0
+    text_length: int = 0
+    windows: tuple[tuple[int, int], ...] = ()
+    control_windows: tuple[tuple[int, int], ...] = ()
+    buckets: tuple[int, ...] = ()
+    near_gate: str | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +187,20 @@ def _task_run(index: int, entry: dict[str, Any]) -> RunSpec:
 
 
 _DIVERGENCE_KEYS = ("mode", "corpus", "tokens", "chunk_length", "control_tokens", "attention")
+_DECODE_KEYS = (
+    "mode",
+    "kernel",
+    "corpus",
+    "texts",
+    "text_length",
+    "windows",
+    "control_windows",
+    "buckets",
+    "near_gate",
+    "attention",
+)
+# The overrides that apply to a decode run; the others size prefill chunks.
+_DECODE_OVERRIDES = ("corpus", "attention")
 # What `kvbench divergence` may override in every divergence run, and its option for each.
 DIVERGENCE_OPTIONS = {
     "corpus": "--corpus",
@@ -174,11 +215,19 @@ def _divergence_run(
     index: int, entry: dict[str, Any], max_length: int, overrides: dict[str, Any]
 ) -> DivergenceSpec:
     """Check one divergence run; a value from ``overrides`` is named by its command-line option."""
-    unknown = sorted(set(entry) - set(_DIVERGENCE_KEYS))
+    kernel = entry.get("kernel", "prefill")
+    if kernel not in DIVERGENCE_KERNELS:
+        raise ConfigError(
+            f"`runs[{index}].kernel` is {kernel!r}; expected one of {', '.join(DIVERGENCE_KERNELS)}"
+        )
+    if kernel == "decode":
+        return _decode_run(index, entry, max_length, overrides)
+    keys = (*_DIVERGENCE_KEYS, "kernel")
+    unknown = sorted(set(entry) - set(keys))
     if unknown:
         raise ConfigError(
-            f"`runs[{index}].{unknown[0]}` is not a known key of a divergence run; expected one "
-            f"of {', '.join(_DIVERGENCE_KEYS)}"
+            f"`runs[{index}].{unknown[0]}` is not a known key of a prefill divergence run; "
+            f"expected one of {', '.join(keys)}"
         )
     entry = {**entry, **overrides}
 
@@ -226,6 +275,120 @@ def _divergence_run(
         attention = tuple(paths)
     return DivergenceSpec(
         index, str(corpus), tokens, chunk_length, control_tokens, attention, name("attention")
+    )
+
+
+def _windows(where: str, value: object, text_length: int) -> tuple[tuple[int, int], ...]:
+    """Ascending, disjoint ``[first, end)`` ranges with ``1 <= first < end < text_length``."""
+    expected = (
+        f"expected a list of [first, end] position ranges, ascending and disjoint, with "
+        f"1 <= first < end <= text_length - 1 ({text_length - 1})"
+    )
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"`{where}` is {value!r}; {expected}")
+    windows: list[tuple[int, int]] = []
+    for pair in value:
+        ok = (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and all(isinstance(p, int) and not isinstance(p, bool) for p in pair)
+        )
+        if not ok or not 1 <= pair[0] < pair[1] <= text_length - 1:
+            raise ConfigError(f"`{where}` holds {pair!r}; {expected}")
+        if windows and pair[0] < windows[-1][1]:
+            raise ConfigError(f"`{where}` holds {pair!r} after {list(windows[-1])}; {expected}")
+        windows.append((pair[0], pair[1]))
+    return tuple(windows)
+
+
+def _decode_run(
+    index: int, entry: dict[str, Any], max_length: int, overrides: dict[str, Any]
+) -> DivergenceSpec:
+    """Check one decode-kernel divergence run (see `DivergenceSpec`)."""
+    unknown = sorted(set(entry) - set(_DECODE_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"`runs[{index}].{unknown[0]}` is not a known key of a decode divergence run; "
+            f"expected one of {', '.join(_DECODE_KEYS)}"
+        )
+    applied = {k: v for k, v in overrides.items() if k in _DECODE_OVERRIDES}
+    entry = {**entry, **applied}
+    where = f"runs[{index}]"
+
+    def name(key: str) -> str:
+        return DIVERGENCE_OPTIONS[key] if key in applied else f"{where}.{key}"
+
+    def integer(key: str, minimum: int) -> int:
+        value = entry.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise ConfigError(f"`{where}.{key}` is {value!r}; expected an integer >= {minimum}")
+        return value
+
+    corpus = entry.get("corpus")
+    if corpus not in CORPORA:
+        raise ConfigError(f"`{name('corpus')}` is {corpus!r}; expected one of {', '.join(CORPORA)}")
+    texts = integer("texts", 1)
+    text_length = integer("text_length", 3)
+    if text_length > max_length:
+        raise ConfigError(
+            f"`{where}.text_length` is {text_length}; expected at most `model.max_length` "
+            f"({max_length})"
+        )
+    windows = _windows(f"{where}.windows", entry.get("windows"), text_length)
+    control_windows = windows
+    if "control_windows" in entry:
+        control_windows = _windows(
+            f"{where}.control_windows", entry["control_windows"], text_length
+        )
+    buckets = entry.get("buckets")
+    longest = max(windows[-1][1], control_windows[-1][1])  # keys read at the last position
+    if (
+        not isinstance(buckets, list)
+        or not buckets
+        or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in buckets)
+        or any(a >= b for a, b in itertools.pairwise(buckets))
+        or buckets[-1] < longest
+    ):
+        raise ConfigError(
+            f"`{where}.buckets` is {buckets!r}; expected ascending context lengths, the last "
+            f">= {longest} (the longest context a window reads)"
+        )
+    near_gate = entry.get("near_gate")
+    if near_gate is not None and (
+        near_gate not in CONTROL_CACHE_BITS or near_gate == DEGRADED_KV_CACHE_DTYPE
+    ):
+        controls = [k for k in CONTROL_CACHE_BITS if k != DEGRADED_KV_CACHE_DTYPE]
+        raise ConfigError(
+            f"`{where}.near_gate` is {near_gate!r}; expected one of {', '.join(controls)}"
+        )
+    attention = entry.get("attention")
+    if attention is not None:
+        paths = attention if isinstance(attention, list) else None
+        if (
+            not paths
+            or not all(isinstance(p, str) and p in ATTENTION_PATHS for p in paths)
+            or len(set(paths)) != len(paths)
+        ):
+            raise ConfigError(
+                f"`{name('attention')}` is {attention!r}; expected a list of distinct paths from "
+                f"{', '.join(ATTENTION_PATHS)}"
+            )
+        attention = tuple(paths)
+    return DivergenceSpec(
+        index,
+        str(corpus),
+        tokens=0,
+        chunk_length=0,
+        control_tokens=0,
+        attention=attention,
+        attention_name=name("attention"),
+        kernel="decode",
+        texts=texts,
+        text_length=text_length,
+        windows=windows,
+        control_windows=control_windows,
+        buckets=tuple(buckets),
+        near_gate=near_gate,
     )
 
 

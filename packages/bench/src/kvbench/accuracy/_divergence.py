@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._config import DEGRADED_KV_CACHE_DTYPE, DivergenceGate, DivergenceSpec
-from ._corpus import corpus_chunks
+from ._corpus import CONCATENATED, corpus_chunks
 from ._hf_model import forward, model_session
 from ._result import DivergenceResult, agreement_gate, divergence_gates
 
@@ -126,30 +126,51 @@ class DivergenceStats:
     ppl_reference: float
     ppl: float
     identical: bool
+    # Blocks the standard errors allow to be correlated within; 0: positions independent.
+    stderr_blocks: int = 0
 
 
-def _mean_and_stderr(values: torch.Tensor) -> tuple[float, float]:
+def _mean_and_stderr(
+    values: torch.Tensor, blocks: torch.Tensor | None = None
+) -> tuple[float, float]:
+    """The mean and its standard error: positions independent, or with ``blocks`` (an id per
+    position) the cluster-robust error that lets positions of one block be correlated,
+    ``sqrt(C / (C - 1) * sum_c (S_c - n_c * mean)**2) / n`` over the C blocks' sums S_c."""
     n = values.numel()
-    mean = float(values.mean())
-    if n < 2:
+    mean = float(values.double().mean())
+    if blocks is None:
+        if n < 2:
+            return mean, 0.0
+        return mean, math.sqrt(float(values.double().var(correction=1)) / n)
+    ids, inverse = torch.unique(blocks, return_inverse=True)
+    count = ids.numel()
+    if count < 2:
         return mean, 0.0
-    return mean, math.sqrt(float(values.var(correction=1)) / n)
+    sums = torch.zeros(count, dtype=torch.float64).index_add_(0, inverse, values.double() - mean)
+    return mean, math.sqrt(count / (count - 1) * float((sums**2).sum())) / n
 
 
-def divergence_stats(scores: Sequence[TokenScores]) -> DivergenceStats:
-    """Summarize the positions of ``scores`` (one chunk, or all chunks of a run)."""
+def divergence_stats(
+    scores: Sequence[TokenScores], blocks: torch.Tensor | None = None
+) -> DivergenceStats:
+    """Summarize the positions of ``scores`` (one chunk, or all chunks of a run). ``blocks``:
+    an id per position, for standard errors that let positions of a block be correlated
+    (`_mean_and_stderr`); None treats positions as independent, as llama.cpp does."""
     kld = torch.cat([s.kld for s in scores])
     same = torch.cat([s.same_top1 for s in scores]).double()
     nll_reference = torch.cat([s.nll_reference for s in scores])
     nll = torch.cat([s.nll for s in scores])
     n = kld.numel()
-    mean_kld, mean_kld_stderr = _mean_and_stderr(kld)
+    mean_kld, mean_kld_stderr = _mean_and_stderr(kld, blocks)
     quantiles = torch.quantile(kld, torch.tensor([0.5, 0.99, 0.999], dtype=torch.float64))
     same_top1 = float(same.mean())
-    log_ratio, log_ratio_stderr = _mean_and_stderr(nll - nll_reference)
+    same_top1_stderr = math.sqrt(same_top1 * (1 - same_top1) / (n - 1)) if n > 1 else 0.0
+    if blocks is not None:
+        same_top1_stderr = _mean_and_stderr(same, blocks)[1]
+    log_ratio, log_ratio_stderr = _mean_and_stderr(nll - nll_reference, blocks)
     ppl_ratio = math.exp(log_ratio)
     dp_squared = (torch.exp(-nll) - torch.exp(-nll_reference)) ** 2
-    mean_dp_squared, mean_dp_squared_stderr = _mean_and_stderr(dp_squared)
+    mean_dp_squared, mean_dp_squared_stderr = _mean_and_stderr(dp_squared, blocks)
     rms_dp = math.sqrt(mean_dp_squared)
     return DivergenceStats(
         tokens=n,
@@ -160,7 +181,7 @@ def divergence_stats(scores: Sequence[TokenScores]) -> DivergenceStats:
         p999_kld=float(quantiles[2]),
         max_kld=float(kld.max()),
         same_top1=same_top1,
-        same_top1_stderr=(math.sqrt(same_top1 * (1 - same_top1) / (n - 1)) if n > 1 else 0.0),
+        same_top1_stderr=same_top1_stderr,
         ppl_ratio=ppl_ratio,
         # d exp(x) = exp(x) dx
         ppl_ratio_stderr=ppl_ratio * log_ratio_stderr,
@@ -170,6 +191,7 @@ def divergence_stats(scores: Sequence[TokenScores]) -> DivergenceStats:
         ppl_reference=math.exp(float(nll_reference.mean())),
         ppl=math.exp(float(nll.mean())),
         identical=all(s.identical for s in scores),
+        stderr_blocks=0 if blocks is None else int(torch.unique(blocks).numel()),
     )
 
 
@@ -232,8 +254,10 @@ class _Forwards:
         return logits
 
 
-def _verdict(arm: _Arm, stats: DivergenceStats, gate: DivergenceGate) -> str:
-    if arm.expected == EXPECT_ZERO:
+def verdict_of(expected: str, stats: DivergenceStats, gate: DivergenceGate) -> str:
+    """What a row showed: for a row that must read exactly 0, whether it did; else the gate's
+    verdict."""
+    if expected == EXPECT_ZERO:
         return EXPECT_ZERO if stats.identical else NOT_ZERO
     return EXPECT_PASS if all(gate_checks(stats, gate).values()) else EXPECT_FAIL
 
@@ -321,11 +345,14 @@ def run_divergence(
             stats = divergence_stats(arm_scores)
             cache = (arm.kv_cache_dtype, arm.prefill_reads_cache)
             reference_seconds = forwards.seconds[(path, *arm.reference)]
-            verdict = _verdict(arm, stats, gate)
+            verdict = verdict_of(arm.expected, stats, gate)
             rows.append(
                 {
                     "arm": arm.name,
                     "attention": path,
+                    "kernel": "prefill",
+                    "context": f"<={spec.chunk_length}",
+                    "documents": CONCATENATED,
                     "kv_cache_dtype": arm.kv_cache_dtype,
                     "prefill_reads_cache": arm.prefill_reads_cache,
                     "reference": {

@@ -14,7 +14,14 @@ import torch
 
 from ._config import MODEL_DTYPES
 from ._errors import AccuracyError, ModelLoadError, UnsupportedModelError
-from ._kv_attention import ATTN_IMPLEMENTATION, KVSession, new_session, register_attention
+from ._kv_attention import (
+    ATTN_IMPLEMENTATION,
+    BatchKVSession,
+    KVSession,
+    new_batch_session,
+    new_session,
+    register_attention,
+)
 from ._model_files import check_has_kv_cache, resolve_model
 
 if TYPE_CHECKING:
@@ -61,6 +68,16 @@ def load_model(
     return hf_model, tokenizer
 
 
+def _kv_shape(model: PreTrainedModel) -> tuple[int, int, int]:
+    """(layers, kv heads, head size) of ``model``'s KV cache."""
+    config = model.config.get_text_config()
+    head_size = getattr(config, "head_dim", None) or (
+        config.hidden_size // config.num_attention_heads
+    )
+    num_kv_heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
+    return config.num_hidden_layers, num_kv_heads, head_size
+
+
 def model_session(
     model: PreTrainedModel,
     *,
@@ -70,21 +87,64 @@ def model_session(
     kernels: bool | None = None,
 ) -> KVSession:
     """A cache session shaped for ``model``'s layers and KV heads (see `new_session`)."""
-    config = model.config.get_text_config()
-    head_size = getattr(config, "head_dim", None) or (
-        config.hidden_size // config.num_attention_heads
-    )
+    num_layers, num_kv_heads, head_size = _kv_shape(model)
     return new_session(
         kv_cache_dtype=kv_cache_dtype,
         model_dtype=model.dtype,
-        num_layers=config.num_hidden_layers,
-        num_kv_heads=getattr(config, "num_key_value_heads", config.num_attention_heads),
+        num_layers=num_layers,
+        num_kv_heads=num_kv_heads,
         head_size=head_size,
         max_tokens=max_tokens,
         device=model.device,
         prefill_reads_cache=prefill_reads_cache,
         kernels=kernels,
     )
+
+
+def model_batch_session(
+    model: PreTrainedModel,
+    *,
+    kv_cache_dtype: str,
+    batch: int,
+    max_tokens: int,
+    kernels: bool | None = None,
+) -> BatchKVSession:
+    """A batch cache session shaped for ``model`` (see `new_batch_session`)."""
+    num_layers, num_kv_heads, head_size = _kv_shape(model)
+    return new_batch_session(
+        kv_cache_dtype=kv_cache_dtype,
+        model_dtype=model.dtype,
+        num_layers=num_layers,
+        num_kv_heads=num_kv_heads,
+        head_size=head_size,
+        batch=batch,
+        max_tokens=max_tokens,
+        device=model.device,
+        kernels=kernels,
+    )
+
+
+def forward_batch(
+    model: PreTrainedModel, session: BatchKVSession, tokens: torch.Tensor
+) -> torch.Tensor:
+    """Run ``tokens [batch, n]`` at the session's next positions of every sequence; fp32 logits
+    ``[batch, vocab]`` of each sequence's last position."""
+    start = session.length
+    n = tokens.shape[1]
+    position_ids = torch.arange(start, start + n, device=tokens.device)[None].expand(
+        tokens.shape[0], n
+    )
+    with torch.inference_mode():
+        out = model(
+            input_ids=tokens,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=1,
+            kv_session=session,
+        )
+    session.length = start + n
+    logits: torch.Tensor = out.logits[:, -1].float()
+    return logits
 
 
 def forward(

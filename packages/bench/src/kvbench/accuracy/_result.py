@@ -68,6 +68,17 @@ class DivergenceResult:
     agreement: dict[str, Any] | None
     plot: str | None
     elapsed_s: float
+    # Which kvquant kernel read the caches at the scored positions. A decode run's texts,
+    # windows and context buckets (`DivergenceSpec`), what its texts are, and its 16-bit
+    # baseline's seconds; a prefill run leaves them empty.
+    kernel: str = "prefill"
+    texts: int = 0
+    text_length: int = 0
+    windows: list[list[int]] = field(default_factory=list)
+    control_windows: list[list[int]] = field(default_factory=list)
+    buckets: list[int] = field(default_factory=list)
+    documents: str = "concatenated passages"
+    baseline_seconds: float = 0.0
 
     @property
     def passed(self) -> bool:
@@ -90,6 +101,11 @@ class DivergenceResult:
             if row["control"]:
                 continue
             where = f"divergence {row['kv_cache_dtype']} ({row['attention']})"
+            if self.kernel == "decode":
+                where = (
+                    f"divergence {row['kv_cache_dtype']} (decode kernel, {row['attention']}, "
+                    f"context {row['context']})"
+                )
             found = divergence_gates(
                 where, row["mean_kld"], row["same_top1"], row["ppl_ratio"], self.gate
             )
@@ -116,6 +132,8 @@ DELTA_COLUMNS = [
     "verdict",
 ]
 DIVERGENCE_COLUMNS = [
+    "kernel",
+    "context",
     "arm",
     "cache",
     "prefill",
@@ -152,6 +170,8 @@ class AccuracyResult:
     timings: list[dict[str, Any]]
     elapsed_s: float
     results_file: str | None = field(default=None, compare=False)
+    # The model's weights as run: where they came from and the dtype the model ran in.
+    weights: str = ""
 
     RECORD_TABLES: ClassVar[tuple[str, ...]] = ("deltas", "divergence")
 
@@ -165,6 +185,7 @@ class AccuracyResult:
             "backend": self.backend,
             "model": self.model,
             "device": self.device,
+            "weights": self.weights,
             "tasks": self.tasks,
             "rows": self.rows,
             "divergence": [run.to_dict() for run in self.divergence],
@@ -194,6 +215,7 @@ class AccuracyResult:
             plot=data["plot"],
             timings=data["timings"],
             elapsed_s=data["elapsed_s"],
+            weights=data.get("weights", ""),
         )
 
     def record_parts(self) -> RecordParts:
@@ -247,6 +269,7 @@ class AccuracyResult:
             summary=summary,
             metrics={
                 "model": self.model,
+                "model_weights": self.weights,
                 "device": self.device,
                 "rows": len(rows),
                 "rows_passed": counts["passed"],
@@ -288,6 +311,8 @@ def _with_error(value: float, stderr: float) -> str:
 
 def _divergence_row(row: DivergenceRow) -> list[Scalar]:
     return [
+        row.get("kernel", "prefill"),
+        row.get("context"),
         row["arm"],
         row["kv_cache_dtype"],
         "reads-cache" if row["prefill_reads_cache"] else "skips-cache",
@@ -314,6 +339,10 @@ def _divergence_metrics(divergence: list[DivergenceResult]) -> dict[str, Scalar]
         "divergence_controls_run": len(controls),
         "divergence_controls_failed": sum(not row["behaved"] for row in controls),
     }
+    decode = [run for run in divergence if run.kernel == "decode"]
+    if decode:
+        metrics |= _decode_metrics(decode[0])
+    divergence = [run for run in divergence if run.kernel != "decode"]
     if not divergence:
         return metrics
     run = divergence[0]
@@ -322,6 +351,8 @@ def _divergence_metrics(divergence: list[DivergenceResult]) -> dict[str, Scalar]
     metrics |= {
         "divergence_candidate": candidate["kv_cache_dtype"],
         "divergence_attention": candidate["attention"],
+        "divergence_kernel": run.kernel,
+        "divergence_context": f"<={run.chunk_length}",
         "divergence_corpus": run.corpus,
         "divergence_positions": candidate["tokens"],
         "divergence_mean_kld": candidate["mean_kld"],
@@ -347,4 +378,61 @@ def _divergence_metrics(divergence: list[DivergenceResult]) -> dict[str, Scalar]
         }
     if run.agreement is not None:
         metrics["divergence_paths_agree"] = run.agreement["agree"]
+    return metrics
+
+
+def _decode_metrics(run: DivergenceResult) -> dict[str, Scalar]:
+    """A decode run's figures: the candidate's worst bucket (highest mean KLD) and whether every
+    bucket passed; each control's figures over its buckets."""
+    by_arm: dict[str, list[DivergenceRow]] = {}
+    for row in run.rows:
+        by_arm.setdefault(row["arm"], []).append(row)
+    candidate = by_arm.get("candidate", [])
+    if not candidate:
+        return {}
+    worst = max(candidate, key=lambda row: row["mean_kld"])
+    metrics: dict[str, Scalar] = {
+        "decode_candidate": worst["kv_cache_dtype"],
+        "decode_attention": worst["attention"],
+        "decode_corpus": run.corpus,
+        "decode_documents": run.documents,
+        "decode_texts": run.texts,
+        "decode_contexts": ", ".join(row["context"] for row in candidate),
+        "decode_context_max": max(row["context_keys"][1] for row in candidate),
+        "decode_positions": sum(row["tokens"] for row in candidate),
+        "decode_worst_context": worst["context"],
+        "decode_worst_mean_kld": worst["mean_kld"],
+        "decode_worst_mean_kld_stderr": worst["mean_kld_stderr"],
+        "decode_worst_p99_kld": worst["p99_kld"],
+        "decode_min_same_top1": min(row["same_top1"] for row in candidate),
+        "decode_max_ppl_ratio": max(row["ppl_ratio"] for row in candidate),
+        "decode_gate": "passed" if all(r["verdict"] == "passed" for r in candidate) else "failed",
+        "decode_seconds": round(run.elapsed_s, 1),
+    }
+    degraded = by_arm.get("degraded", [])
+    if degraded:
+        metrics |= {
+            "decode_degraded_min_mean_kld": min(row["mean_kld"] for row in degraded),
+            "decode_degraded_gate": (
+                "failed" if all(row["verdict"] == "failed" for row in degraded) else "passed"
+            ),
+        }
+    near = by_arm.get("near-gate", [])
+    if near:
+        metrics |= {
+            "decode_near_gate": near[0]["kv_cache_dtype"],
+            "decode_near_gate_mean_kld": max(row["mean_kld"] for row in near),
+            "decode_near_gate_min_mean_kld": min(row["mean_kld"] for row in near),
+            "decode_near_gate_verdict": (
+                "passed" if all(row["verdict"] == "passed" for row in near) else "failed"
+            ),
+        }
+    trap = by_arm.get("trap", [])
+    if trap:
+        metrics |= {
+            "decode_trap_max_kld": max(row["max_kld"] for row in trap),
+            "decode_trap_verdict": (
+                "exactly-0" if all(row["verdict"] == "exactly-0" for row in trap) else "not-0"
+            ),
+        }
     return metrics

@@ -44,7 +44,7 @@ from ._errors import (
     OutputError,
     UnknownTaskError,
 )
-from ._model_files import go_offline, resolve_model
+from ._model_files import go_offline, resolve_model, weights_description
 from ._result import AccuracyResult, DivergenceResult
 from ._stats import gate_passes, paired_stats, verdict
 
@@ -354,12 +354,14 @@ def run_accuracy(
     out_dir.mkdir(parents=True, exist_ok=True)
     divergence: list[DivergenceResult] = []
     if cfg.divergence:
+        from ._decode_divergence import run_decode_divergence
         from ._divergence import plot_name, run_divergence
 
         assert loaded is not None and cfg.divergence_gate is not None  # kvquant-hf, load_config
         for index, (spec, spec_paths) in enumerate(zip(cfg.divergence, paths, strict=True)):
+            scorer = run_decode_divergence if spec.kernel == "decode" else run_divergence
             divergence.append(
-                run_divergence(
+                scorer(
                     spec,
                     cfg.divergence_gate,
                     spec_paths,
@@ -388,6 +390,11 @@ def run_accuracy(
         timings=timings,
         elapsed_s=time.perf_counter() - started,
         results_file=str(out_dir / name),
+        weights=(
+            ""
+            if loaded is None
+            else weights_description(cfg.model, str(loaded[0].dtype).removeprefix("torch."))
+        ),
     )
     (out_dir / name).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     return result
