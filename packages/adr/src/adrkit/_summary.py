@@ -70,6 +70,20 @@ _LABELS: dict[str, dict[str, str]] = {
             "mean KLD {kld}, same top-1 {top1}, perplexity ratio {ppl}, on {positions} positions"
         ),
         "corpus": ", of the corpus",
+        "measured-by": "; {kernel} kernel{context}; model {model}{weights}",
+        "context": ", context {context} tokens",
+        "weights": " ({weights})",
+        "kernel-prefill": "prefill",
+        "kernel-decode": "decode",
+        "divergence-decode": (
+            "every position one decode step, {positions} positions in buckets of context "
+            "{contexts} tokens (up to {longest}): worst bucket {worst}, mean KLD {kld}, lowest "
+            "same top-1 {top1}, highest perplexity ratio {ppl}; the 4-bit control {degraded} "
+            "(mean KLD >= {degraded_kld}); near-gate control {near}; trap {trap}; {texts} "
+            "texts ({documents})"
+        ),
+        "near-gate": "{dtype} at mean KLD {low} to {high}, {verdict} the gate (not gated)",
+        "no-near-gate": "not run",
         "tasks": "{passed} passed, {inconclusive} inconclusive, {failed} failed of {rows}",
         "correct": "worst error {worst} of its tolerance; {edge} edge cases failed",
         "build": "{cells} cells, {failed} failed; at least {waves} waves per SIMD; {spills} spills",
@@ -135,6 +149,19 @@ _LABELS: dict[str, dict[str, str]] = {
         "figures-separator": "，",
         "divergence": "平均 KLD {kld}，top-1 相同 {top1}，困惑度比 {ppl}，共 {positions} 个位置",
         "corpus": "，语料",
+        "measured-by": "；{kernel}内核{context}；模型 {model}{weights}",
+        "context": "，上下文 {context} 个 token",
+        "weights": "（{weights}）",
+        "kernel-prefill": "预填充",
+        "kernel-decode": "解码",
+        "divergence-decode": (
+            "每个位置都是一次解码步，共 {positions} 个位置，按上下文长度 {contexts} 个 token "
+            "分桶（最长 {longest}）：最差的桶 {worst}，平均 KLD {kld}，top-1 相同最低 {top1}，"
+            "困惑度比最高 {ppl}；4 位对照{degraded}（平均 KLD >= {degraded_kld}）；"
+            "近门限对照 {near}；陷阱 {trap}；{texts} 篇文本（{documents}）"
+        ),
+        "near-gate": "{dtype} 的平均 KLD 为 {low} 至 {high}，按门限判为{verdict}（不设门限）",
+        "no-near-gate": "未运行",
         "tasks": "共 {rows} 项：{passed} 项通过，{inconclusive} 项无定论，{failed} 项失败",
         "correct": "最大误差为容差的 {worst}；{edge} 个边界用例失败",
         "build": "{cells} 个单元，{failed} 个失败；每 SIMD 至少 {waves} 个波；溢出 {spills}",
@@ -404,7 +431,72 @@ def _divergence(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Res
     corpus = record.metrics.get("divergence_corpus")
     if isinstance(corpus, str):  # which text: the runs' configs choose different corpora
         found = replace(found, answer=found.answer + _corpus(lang, corpus))
-    return replace(found, verdict=verdict)
+    # Records from before decode runs existed hold prefill-kernel figures only.
+    kernel = record.metrics.get("divergence_kernel", "prefill")
+    context = record.metrics.get("divergence_context")
+    answer = found.answer + _measured_by(lang, record, str(kernel), context)
+    return replace(found, answer=answer, verdict=verdict)
+
+
+def _measured_by(lang: str, record: Record, kernel: str, context: Scalar) -> str:
+    """Which kernel read the cache, at what context, on which model and weights."""
+    weights = record.metrics.get("model_weights")
+    fields = {
+        "kernel": summary_label(lang, f"kernel-{kernel}"),
+        "context": summary_label(lang, "context", context=str(context)) if context else "",
+        "model": str(record.metrics.get("model")),
+        "weights": summary_label(lang, "weights", weights=str(weights)) if weights else "",
+    }
+    return markdown_text(summary_label(lang, "measured-by", **fields))
+
+
+def _status(lang: str, verdict: Scalar) -> str:
+    return _STATUS[lang].get(str(verdict), str(verdict))
+
+
+def _divergence_decode(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
+    """The decode kernel's divergence by context: the candidate's worst bucket, and whether
+    every bucket passed and every control behaved."""
+    metric = "decode_worst_mean_kld"
+    record = _newest(evidence, _DIVERGENCE.stage, lambda r: _number(r, metric) is not None)
+    if record is None:
+        return _missing(evidence, _DIVERGENCE.stage, metric, lang)
+    m = record.metrics
+    stderr = _number(record, "decode_worst_mean_kld_stderr") or 0
+    kld = f"{_number(record, metric):.3g} ± {stderr:.1g}"
+    near = summary_label(lang, "no-near-gate")
+    if m.get("decode_near_gate") is not None:
+        near = summary_label(
+            lang,
+            "near-gate",
+            dtype=str(m.get("decode_near_gate")),
+            low=f"{_number(record, 'decode_near_gate_min_mean_kld') or 0:.3g}",
+            high=f"{_number(record, 'decode_near_gate_mean_kld') or 0:.3g}",
+            verdict=_status(lang, m.get("decode_near_gate_verdict")),
+        )
+    fields = {
+        "positions": _count(record, "decode_positions"),
+        "contexts": str(m.get("decode_contexts")),
+        "longest": _count(record, "decode_context_max"),
+        "worst": str(m.get("decode_worst_context")),
+        "kld": kld,
+        "top1": f"{_number(record, 'decode_min_same_top1') or 0:.2%}",
+        "ppl": f"{_number(record, 'decode_max_ppl_ratio') or 0:.4f}",
+        "degraded": _status(lang, m.get("decode_degraded_gate")),
+        "degraded_kld": f"{_number(record, 'decode_degraded_min_mean_kld') or 0:.3g}",
+        "near": near,
+        "trap": str(m.get("decode_trap_verdict")),
+        "texts": _count(record, "decode_texts"),
+        "documents": str(m.get("decode_documents")),
+    }
+    found = _measured(lang, "divergence-decode", kld, record, **fields)
+    verdict = _gates_verdict(record, "decode divergence")
+    if m.get("divergence_controls_failed") != 0:
+        verdict = "failed"  # a control that misbehaved voids the measurement
+    corpus = m.get("decode_corpus")
+    answer = found.answer + (_corpus(lang, corpus) if isinstance(corpus, str) else "")
+    answer += _measured_by(lang, record, "decode", None)
+    return replace(found, answer=answer, verdict=verdict)
 
 
 def _corpus(lang: str, corpus: str) -> str:
@@ -785,6 +877,7 @@ ANSWERS: dict[str, Answer] = {
     "decode-speed": _speedup("decode"),
     "prefill-speed": _speedup("prefill"),
     "divergence": _divergence,
+    "divergence-decode": _divergence_decode,
     "tasks": _tasks,
     "correctness": _correctness,
     "gfx90a-build": _gfx90a_build,

@@ -103,8 +103,8 @@ class DivergenceResult:
             where = f"divergence {row['kv_cache_dtype']} ({row['attention']})"
             if self.kernel == "decode":
                 where = (
-                    f"divergence {row['kv_cache_dtype']} (decode kernel, {row['attention']}, "
-                    f"context {row['context']})"
+                    f"decode divergence {row['kv_cache_dtype']} ({row['attention']}, context "
+                    f"{row['context']})"
                 )
             found = divergence_gates(
                 where, row["mean_kld"], row["same_top1"], row["ppl_ratio"], self.gate
