@@ -41,7 +41,8 @@ def test_shipped_configs_pick_their_backends() -> None:
 
 def test_the_nightly_scores_16000_positions_beside_both_controls() -> None:
     nightly = load_config(DEFAULT_CONFIG)
-    (divergence,) = nightly.divergence
+    divergence, decode = nightly.divergence
+    assert (divergence.kernel, decode.kernel) == ("prefill", "decode")
     positions = divergence.tokens // divergence.chunk_length * (divergence.chunk_length - 1)
     assert positions >= 16_000
     assert divergence.control_tokens >= divergence.chunk_length
@@ -268,7 +269,8 @@ def test_a_divergence_run_and_its_gate_are_read(tmp_path: Path) -> None:
     [
         (
             ("corpus", '"wikitext"'),
-            "`runs[0].corpus` is 'wikitext'; expected one of coqa-stories, lambada-passages",
+            "`runs[0].corpus` is 'wikitext'; expected one of coqa-stories, lambada-passages, "
+            "qasper-papers",
         ),
         (("tokens", "1000"), "`runs[0].tokens` is 1000; expected a multiple of chunk_length (256)"),
         (("tokens", "128"), "`runs[0].tokens` is 128; expected an integer >= 256"),
@@ -293,8 +295,8 @@ def test_a_divergence_run_and_its_gate_are_read(tmp_path: Path) -> None:
         ),
         (
             ("limit", "5"),
-            "`runs[0].limit` is not a known key of a divergence run; expected one of mode, corpus, "
-            "tokens, chunk_length, control_tokens, attention",
+            "`runs[0].limit` is not a known key of a prefill divergence run; expected one of "
+            "mode, corpus, tokens, chunk_length, control_tokens, attention, kernel",
         ),
     ],
 )
@@ -349,7 +351,7 @@ def test_the_vllm_backend_refuses_a_divergence_run(tmp_path: Path) -> None:
         ),
         (
             ["--corpus", "wiki"],
-            "`--corpus` is 'wiki'; expected one of coqa-stories, lambada-passages",
+            "`--corpus` is 'wiki'; expected one of coqa-stories, lambada-passages, qasper-papers",
         ),
         (
             ["--attention", "kernels,triton"],
@@ -383,3 +385,92 @@ def test_kvbench_divergence_needs_a_divergence_run(tmp_path: Path, capsys: Any) 
         '[[runs]] table with mode = "divergence"\n'
     )
     assert not out.exists()
+
+
+_DECODE_RUN = (
+    '[[runs]]\nmode = "divergence"\nkernel = "decode"\ncorpus = "qasper-papers"\ntexts = 4\n'
+    "text_length = 1024\nwindows = [[16, 512], [960, 1023]]\nbuckets = [512, 1024]\n"
+)
+
+
+def test_a_decode_divergence_run_is_read() -> None:
+    config = load_config(CONFIGS / "accuracy-gpu-decode.toml")
+    prefill, decode = config.divergence
+    assert (prefill.kernel, decode.kernel) == ("prefill", "decode")
+    positions = decode.texts * sum(end - first for first, end in decode.windows)
+    assert positions >= 100_000
+    # The buckets reach SmolLM2's longest context, and every bucket gets control positions.
+    assert decode.buckets[-1] == decode.text_length == config.max_length == 8192
+    low = 1
+    for high in decode.buckets:
+        assert any(first + 1 <= high and end >= low for first, end in decode.control_windows)
+        low = high + 1
+    assert decode.near_gate == "int6" and decode.attention == ("kernels",)
+    assert config.divergence_gate == load_config(DEFAULT_CONFIG).divergence_gate
+
+
+def test_a_decode_run_defaults_its_control_windows_to_its_windows(tmp_path: Path) -> None:
+    (spec,) = load_config(_write(tmp_path, _GATE + _DECODE_RUN)).divergence
+    assert spec.windows == spec.control_windows == ((16, 512), (960, 1023))
+    assert (spec.texts, spec.text_length, spec.buckets, spec.near_gate) == (
+        4,
+        1024,
+        (512, 1024),
+        None,
+    )
+    assert (spec.tokens, spec.chunk_length, spec.control_tokens) == (0, 0, 0)
+
+
+_WINDOWS = (
+    "expected a list of [first, end] position ranges, ascending and disjoint, with "
+    "1 <= first < end <= text_length - 1 (1023)"
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("kernel", '"verify"'), "`runs[0].kernel` is 'verify'; expected one of prefill, decode"),
+        (("texts", "0"), "`runs[0].texts` is 0; expected an integer >= 1"),
+        (
+            ("text_length", "4096"),
+            "`runs[0].text_length` is 4096; expected at most `model.max_length` (2048)",
+        ),
+        (("windows", "[[0, 16]]"), f"`runs[0].windows` holds [0, 16]; {_WINDOWS}"),
+        (("windows", "[[16, 1024]]"), f"`runs[0].windows` holds [16, 1024]; {_WINDOWS}"),
+        (
+            ("windows", "[[16, 64], [32, 80]]"),
+            f"`runs[0].windows` holds [32, 80] after [16, 64]; {_WINDOWS}",
+        ),
+        (("windows", "[]"), f"`runs[0].windows` is []; {_WINDOWS}"),
+        (
+            ("buckets", "[512]"),
+            "`runs[0].buckets` is [512]; expected ascending context lengths, the last >= 1023 "
+            "(the longest context a window reads)",
+        ),
+        (
+            ("buckets", "[1024, 512]"),
+            "`runs[0].buckets` is [1024, 512]; expected ascending context lengths, the last >= "
+            "1023 (the longest context a window reads)",
+        ),
+        (
+            ("near_gate", '"int4"'),
+            "`runs[0].near_gate` is 'int4'; expected one of int5, int6, int7",
+        ),
+        (
+            ("tokens", "1024"),
+            "`runs[0].tokens` is not a known key of a decode divergence run; expected one of "
+            "mode, kernel, corpus, texts, text_length, windows, control_windows, buckets, "
+            "near_gate, attention",
+        ),
+    ],
+)
+def test_bad_decode_values_are_refused(
+    tmp_path: Path, change: tuple[str, str], message: str
+) -> None:
+    key, value = change
+    lines = [line for line in _DECODE_RUN.splitlines() if not line.startswith(f"{key} =")]
+    text = _GATE + "\n".join([*lines, f"{key} = {value}"]) + "\n"
+    with pytest.raises(ConfigError) as raised:
+        load_config(_write(tmp_path, text))
+    assert str(raised.value) == message
