@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from kvbench.accuracy._divergence import divergence_stats, token_scores
+from kvbench.accuracy._divergence import TokenScores, divergence_stats, token_scores
 
 _LN = math.log
 
@@ -99,3 +99,34 @@ def test_large_vocabulary_is_scored_in_row_blocks_with_the_same_result() -> None
         whole.kld, torch.cat([s.kld for s in one_by_one]), rtol=0, atol=1e-12
     )
     assert (whole.kld > 0).all()
+
+
+def test_block_standard_errors_are_those_of_the_block_means() -> None:
+    # Two blocks of 4 equal positions each: the positions carry no more information than the
+    # two block means, so the error is that of two values, not of eight.
+    kld = torch.tensor([0.1] * 4 + [0.3] * 4, dtype=torch.float64)
+    same = torch.tensor([True] * 4 + [False] * 4)
+    nll = torch.zeros(8, dtype=torch.float64)
+    scores = token_scores_like(kld, same, nll)
+    blocks = torch.tensor([7] * 4 + [2] * 4)
+    blocked = divergence_stats([scores], blocks)
+    independent = divergence_stats([scores])
+    assert blocked.stderr_blocks == 2 and independent.stderr_blocks == 0
+    assert blocked.mean_kld == pytest.approx(0.2)
+    assert blocked.mean_kld_stderr == pytest.approx(_sample_stderr([0.1, 0.3]))
+    assert blocked.same_top1_stderr == pytest.approx(_sample_stderr([1.0, 0.0]))
+    assert independent.mean_kld_stderr == pytest.approx(_sample_stderr([0.1] * 4 + [0.3] * 4))
+    assert blocked.mean_kld_stderr > 2 * independent.mean_kld_stderr
+
+
+def test_one_block_has_no_standard_error() -> None:
+    scores = token_scores_like(
+        torch.tensor([0.1, 0.3], dtype=torch.float64),
+        torch.tensor([True, False]),
+        torch.zeros(2, dtype=torch.float64),
+    )
+    assert divergence_stats([scores], torch.tensor([5, 5])).mean_kld_stderr == 0.0
+
+
+def token_scores_like(kld: torch.Tensor, same: torch.Tensor, nll: torch.Tensor) -> TokenScores:
+    return TokenScores(kld, same, nll, nll.clone(), identical=False)
