@@ -57,7 +57,13 @@ def throughput(ended_at: str = "2026-12-01T10:00:00Z") -> Record:
     return _on(record, H200, ended_at)
 
 
-def accuracy(ended_at: str = "2026-12-01T11:00:00Z", controls_failed: int = 0) -> Record:
+def accuracy(
+    ended_at: str = "2026-12-01T11:00:00Z",
+    controls_failed: int = 0,
+    decode_metrics: dict[str, Scalar] | None = None,
+    gates: tuple[Gate, ...] = (),
+) -> Record:
+    decode_metrics = decode_metrics or {}
     record = make_record("accuracy", run_id="gpu-1")
     record = dataclasses.replace(
         record,
@@ -73,11 +79,40 @@ def accuracy(ended_at: str = "2026-12-01T11:00:00Z", controls_failed: int = 0) -
             "divergence_ppl_ratio": 1.0012,
             "divergence_controls_failed": controls_failed,
             "divergence_corpus": "lambada-passages",
+            "divergence_kernel": "prefill",
+            "divergence_context": "≤512",
+            "model": "SmolLM2-135M-Instruct.Q4_1",
+            "model_weights": "Q4_1 GGUF",
+            "model_dtype": "bfloat16",
+            **decode_metrics,
         },
         tables={},
-        gates=[Gate.judge("divergence int8 (kernels) mean KLD", 0.00123, "<=", 0.01)],
+        gates=[Gate.judge("divergence int8 (kernels) mean KLD", 0.00123, "<=", 0.01), *gates],
     )
     return _on(record, H200, ended_at)
+
+
+DECODE_METRICS: dict[str, Scalar] = {
+    "decode_corpus": "qasper-papers",
+    "decode_documents": "whole documents",
+    "decode_texts": 16,
+    "decode_contexts": "≤512, 513-2048, 2049-4096, 4097-8192",
+    "decode_context_max": 8191,
+    "decode_positions": 130032,
+    "decode_worst_context": "4097-8192",
+    "decode_worst_mean_kld": 0.0021,
+    "decode_worst_mean_kld_stderr": 0.0001,
+    "decode_min_same_top1": 0.968,
+    "decode_max_ppl_ratio": 1.0009,
+    "decode_degraded_min_mean_kld": 0.24,
+    "decode_degraded_gate": "failed",
+    "decode_near_gate": "int6",
+    "decode_near_gate_min_mean_kld": 0.011,
+    "decode_near_gate_mean_kld": 0.014,
+    "decode_near_gate_verdict": "failed",
+    "decode_trap_verdict": "exactly-0",
+}
+DIVERGENCE_DECODE = "Accuracy cost through the decode kernel, by context length"
 
 
 ROCM_SELECTOR = "vllm.platforms.rocm:RocmPlatform.get_attn_backend_cls"
@@ -140,10 +175,60 @@ def test_the_summarys_figures_are_the_records_own() -> None:
     assert prefill[1] == "≥ 0.74× our 16-bit" and prefill[-1] == "failed"
     divergence = rows["Accuracy cost: token-level divergence from the 16-bit cache"]
     assert "mean KLD 0.00123 ± 4e-05" in divergence[0] and "16384 positions" in divergence[0]
-    assert divergence[0].endswith("positions, of the corpus `lambada-passages`")
+    assert divergence[0].endswith(
+        "positions, of the corpus `lambada-passages`; prefill kernel, context ≤512 tokens; model "
+        "`SmolLM2-135M-Instruct.Q4_1` (`Q4_1 GGUF` weights, run in `bfloat16`)"
+    )
     assert divergence[-1] == "passed"
     tasks = rows["Accuracy cost: paired task scores"]
     assert tasks[1] == "3/4" and tasks[-1] == "inconclusive"
+
+
+def test_the_decode_row_names_its_buckets_controls_kernel_and_model() -> None:
+    passed = Gate.judge(
+        "decode divergence int8 (kernels, context 4097-8192) mean KLD", 0.0021, "<=", 0.005
+    )
+    record = accuracy(decode_metrics=DECODE_METRICS, gates=(passed,))
+    rows = _rows(render_block("decision-0009", _shown(record), "en"))
+    decode = rows[DIVERGENCE_DECODE]
+    assert decode[1] == "0.0021 ± 0.0001" and decode[-1] == "passed"
+    assert decode[0].startswith(
+        "every position one decode step, 130032 positions in buckets of context ≤512, "
+        "513-2048, 2049-4096, 4097-8192 tokens (up to 8191): worst bucket 4097-8192"
+    )
+    assert "the 4-bit control failed (mean KLD ≥ 0.24)" in decode[0]
+    assert (
+        "near-gate control int6 at mean KLD 0.011 to 0.014, failed the gate (not gated)"
+        in (decode[0])
+    )
+    assert decode[0].endswith(
+        "16 texts (whole documents), of the corpus `qasper-papers`; decode kernel; model "
+        "`SmolLM2-135M-Instruct.Q4_1` (`Q4_1 GGUF` weights, run in `bfloat16`)"
+    )
+    failed = Gate.judge(
+        "decode divergence int8 (kernels, context ≤512) same top-1", 0.9, ">=", 0.95
+    )
+    record = accuracy(decode_metrics=DECODE_METRICS, gates=(passed, failed))
+    assert _rows(render_block("decision-0009", _shown(record), "en"))[DIVERGENCE_DECODE][-1] == (
+        "failed"
+    )
+    # The prefill row is judged by its own gates only.
+    assert (
+        _rows(render_block("decision-0009", _shown(record), "en"))[
+            "Accuracy cost: token-level divergence from the 16-bit cache"
+        ][-1]
+        == "passed"
+    )
+    zh = render_block("decision-0009", _shown(record), "zh")
+    assert "每个位置都是一次解码步，共 130032 个位置" in zh and "解码内核" in zh
+    assert "陷阱恰为 0" in zh.replace(" 恰", "恰") and "（完整文档）" in zh
+    assert "trap exactly 0; 16 texts (whole documents)" in decode[0]
+
+
+def test_a_record_without_a_decode_run_leaves_the_decode_row_not_measured() -> None:
+    decode = _rows(render_block("decision-0009", _shown(accuracy()), "en"))[DIVERGENCE_DECODE]
+    assert decode[0] == "the record has no `decode_worst_mean_kld`"
+    assert decode[1] == "not measured"
 
 
 def test_a_misbehaving_control_fails_the_divergence_row() -> None:

@@ -70,20 +70,26 @@ _LABELS: dict[str, dict[str, str]] = {
             "mean KLD {kld}, same top-1 {top1}, perplexity ratio {ppl}, on {positions} positions"
         ),
         "corpus": ", of the corpus",
-        "measured-by": "; {kernel} kernel{context}; model {model}{weights}",
+        "measured-by": "; {kernel} kernel{context}{model}{weights}",
+        "model": "; model {model}",
+        "weights": "({weights} weights, run in {dtype})",
+        "weights-gap": " ",
         "context": ", context {context} tokens",
-        "weights": " ({weights})",
         "kernel-prefill": "prefill",
         "kernel-decode": "decode",
         "divergence-decode": (
             "every position one decode step, {positions} positions in buckets of context "
             "{contexts} tokens (up to {longest}): worst bucket {worst}, mean KLD {kld}, lowest "
             "same top-1 {top1}, highest perplexity ratio {ppl}; the 4-bit control {degraded} "
-            "(mean KLD >= {degraded_kld}); near-gate control {near}; trap {trap}; {texts} "
+            "(mean KLD ≥ {degraded_kld}); near-gate control {near}; trap {trap}; {texts} "
             "texts ({documents})"
         ),
         "near-gate": "{dtype} at mean KLD {low} to {high}, {verdict} the gate (not gated)",
         "no-near-gate": "not run",
+        "whole documents": "whole documents",
+        "concatenated passages": "concatenated passages",
+        "exactly-0": "exactly 0",
+        "not-0": "not 0",
         "tasks": "{passed} passed, {inconclusive} inconclusive, {failed} failed of {rows}",
         "correct": "worst error {worst} of its tolerance; {edge} edge cases failed",
         "build": "{cells} cells, {failed} failed; at least {waves} waves per SIMD; {spills} spills",
@@ -149,19 +155,25 @@ _LABELS: dict[str, dict[str, str]] = {
         "figures-separator": "，",
         "divergence": "平均 KLD {kld}，top-1 相同 {top1}，困惑度比 {ppl}，共 {positions} 个位置",
         "corpus": "，语料",
-        "measured-by": "；{kernel}内核{context}；模型 {model}{weights}",
+        "measured-by": "；{kernel}内核{context}{model}{weights}",
+        "model": "；模型 {model}",
+        "weights": "（{weights} 权重，以 {dtype} 运行）",
+        "weights-gap": "",
         "context": "，上下文 {context} 个 token",
-        "weights": "（{weights}）",
         "kernel-prefill": "预填充",
         "kernel-decode": "解码",
         "divergence-decode": (
             "每个位置都是一次解码步，共 {positions} 个位置，按上下文长度 {contexts} 个 token "
             "分桶（最长 {longest}）：最差的桶 {worst}，平均 KLD {kld}，top-1 相同最低 {top1}，"
-            "困惑度比最高 {ppl}；4 位对照{degraded}（平均 KLD >= {degraded_kld}）；"
+            "困惑度比最高 {ppl}；4 位对照{degraded}（平均 KLD ≥ {degraded_kld}）；"
             "近门限对照 {near}；陷阱 {trap}；{texts} 篇文本（{documents}）"
         ),
         "near-gate": "{dtype} 的平均 KLD 为 {low} 至 {high}，按门限判为{verdict}（不设门限）",
         "no-near-gate": "未运行",
+        "whole documents": "完整文档",
+        "concatenated passages": "拼接的段落",
+        "exactly-0": "恰为 0",
+        "not-0": "不为 0",
         "tasks": "共 {rows} 项：{passed} 项通过，{inconclusive} 项无定论，{failed} 项失败",
         "correct": "最大误差为容差的 {worst}；{edge} 个边界用例失败",
         "build": "{cells} 个单元，{failed} 个失败；每 SIMD 至少 {waves} 个波；溢出 {spills}",
@@ -439,15 +451,34 @@ def _divergence(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Res
 
 
 def _measured_by(lang: str, record: Record, kernel: str, context: Scalar) -> str:
-    """Which kernel read the cache, at what context, on which model and weights."""
-    weights = record.metrics.get("model_weights")
+    """Which kernel read the cache, at what context, on which model and weights (the parts the
+    record names), as Markdown."""
+    metrics = record.metrics
+    model, weights = metrics.get("model"), metrics.get("model_weights")
+    dtype = metrics.get("model_dtype")
     fields = {
-        "kernel": summary_label(lang, f"kernel-{kernel}"),
-        "context": summary_label(lang, "context", context=str(context)) if context else "",
-        "model": str(record.metrics.get("model")),
-        "weights": summary_label(lang, "weights", weights=str(weights)) if weights else "",
+        "kernel": markdown_text(summary_label(lang, f"kernel-{kernel}")),
+        "context": markdown_text(summary_label(lang, "context", context=str(context)))
+        if context
+        else "",
+        "model": markdown_text(summary_label(lang, "model", model="{model}")).format(
+            model=code_cell(str(model))
+        )
+        if model
+        else "",
+        "weights": summary_label(lang, "weights-gap")
+        + markdown_text(summary_label(lang, "weights", weights="{w}", dtype="{d}")).format(
+            w=code_cell(str(weights)), d=code_cell(str(dtype))
+        )
+        if weights and dtype
+        else "",
     }
-    return markdown_text(summary_label(lang, "measured-by", **fields))
+    return summary_label(lang, "measured-by", **fields)
+
+
+def _word(lang: str, value: Scalar) -> str:
+    """A record's word in ``lang`` where the summaries have it, else as the record holds it."""
+    return _LABELS[lang].get(str(value), str(value))
 
 
 def _status(lang: str, verdict: Scalar) -> str:
@@ -485,9 +516,9 @@ def _divergence_decode(evidence: Evidence, hardware: HardwareClasses, lang: str)
         "degraded": _status(lang, m.get("decode_degraded_gate")),
         "degraded_kld": f"{_number(record, 'decode_degraded_min_mean_kld') or 0:.3g}",
         "near": near,
-        "trap": str(m.get("decode_trap_verdict")),
+        "trap": _word(lang, m.get("decode_trap_verdict")),
         "texts": _count(record, "decode_texts"),
-        "documents": str(m.get("decode_documents")),
+        "documents": _word(lang, m.get("decode_documents")),
     }
     found = _measured(lang, "divergence-decode", kld, record, **fields)
     verdict = _gates_verdict(record, "decode divergence")

@@ -58,8 +58,8 @@ STDERR_METHOD = f"cluster-robust over blocks of {BLOCK_POSITIONS} consecutive po
 
 
 def bucket_label(low: int, high: int) -> str:
-    """A bucket of context lengths ``low...high`` keys, e.g. ``<=512`` or ``513-2048``."""
-    return f"<={high}" if low <= 1 else f"{low}-{high}"
+    """A bucket of context lengths ``low...high`` keys, e.g. ``≤512`` or ``513-2048``."""
+    return f"≤{high}" if low <= 1 else f"{low}-{high}"
 
 
 @dataclass(frozen=True)

@@ -351,7 +351,7 @@ def run_divergence(
                     "arm": arm.name,
                     "attention": path,
                     "kernel": "prefill",
-                    "context": f"<={spec.chunk_length}",
+                    "context": f"≤{spec.chunk_length}",
                     "documents": CONCATENATED,
                     "kv_cache_dtype": arm.kv_cache_dtype,
                     "prefill_reads_cache": arm.prefill_reads_cache,

@@ -96,18 +96,17 @@ def resolve_model(model: str | None) -> Path:
     return target
 
 
-def weights_description(model: str | None, dtype: str) -> str:
-    """How the weights of ``model`` (as `resolve_model` takes it) were made and run in, e.g.
-    ``Q4_1 GGUF dequantized, run in bfloat16``."""
+def weights_source(model: str | None) -> str:
+    """Where the weights of ``model`` (as `resolve_model` takes it) came from: ``Q4_1 GGUF`` for
+    a GGUF of that type (dequantized to run), ``Hugging Face folder`` otherwise."""
     if model is None or model == DEFAULT_MODEL:
         gguf: Path | None = _default_gguf()
     else:
         path = Path(model).expanduser()
         gguf = path if path.suffix == ".gguf" else None
     if gguf is None:
-        return f"as stored in the folder, run in {dtype}"
-    quant = gguf.stem.rsplit(".", 1)[-1] if "." in gguf.stem else "unknown type"
-    return f"{quant} GGUF dequantized, run in {dtype}"
+        return "Hugging Face folder"
+    return f"{gguf.stem.rsplit('.', 1)[-1]} GGUF" if "." in gguf.stem else "GGUF"
 
 
 def check_has_kv_cache(model_dir: Path) -> None:

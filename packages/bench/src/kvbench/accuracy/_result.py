@@ -170,8 +170,9 @@ class AccuracyResult:
     timings: list[dict[str, Any]]
     elapsed_s: float
     results_file: str | None = field(default=None, compare=False)
-    # The model's weights as run: where they came from and the dtype the model ran in.
+    # Where the model's weights came from (e.g. ``Q4_1 GGUF``) and the dtype it ran in.
     weights: str = ""
+    model_dtype: str = ""
 
     RECORD_TABLES: ClassVar[tuple[str, ...]] = ("deltas", "divergence")
 
@@ -186,6 +187,7 @@ class AccuracyResult:
             "model": self.model,
             "device": self.device,
             "weights": self.weights,
+            "model_dtype": self.model_dtype,
             "tasks": self.tasks,
             "rows": self.rows,
             "divergence": [run.to_dict() for run in self.divergence],
@@ -216,6 +218,7 @@ class AccuracyResult:
             timings=data["timings"],
             elapsed_s=data["elapsed_s"],
             weights=data.get("weights", ""),
+            model_dtype=data.get("model_dtype", ""),
         )
 
     def record_parts(self) -> RecordParts:
@@ -270,6 +273,7 @@ class AccuracyResult:
             metrics={
                 "model": self.model,
                 "model_weights": self.weights,
+                "model_dtype": self.model_dtype,
                 "device": self.device,
                 "rows": len(rows),
                 "rows_passed": counts["passed"],
@@ -352,7 +356,7 @@ def _divergence_metrics(divergence: list[DivergenceResult]) -> dict[str, Scalar]
         "divergence_candidate": candidate["kv_cache_dtype"],
         "divergence_attention": candidate["attention"],
         "divergence_kernel": run.kernel,
-        "divergence_context": f"<={run.chunk_length}",
+        "divergence_context": f"≤{run.chunk_length}",
         "divergence_corpus": run.corpus,
         "divergence_positions": candidate["tokens"],
         "divergence_mean_kld": candidate["mean_kld"],

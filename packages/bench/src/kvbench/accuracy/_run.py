@@ -44,7 +44,7 @@ from ._errors import (
     OutputError,
     UnknownTaskError,
 )
-from ._model_files import go_offline, resolve_model, weights_description
+from ._model_files import go_offline, resolve_model, weights_source
 from ._result import AccuracyResult, DivergenceResult
 from ._stats import gate_passes, paired_stats, verdict
 
@@ -390,11 +390,8 @@ def run_accuracy(
         timings=timings,
         elapsed_s=time.perf_counter() - started,
         results_file=str(out_dir / name),
-        weights=(
-            ""
-            if loaded is None
-            else weights_description(cfg.model, str(loaded[0].dtype).removeprefix("torch."))
-        ),
+        weights="" if loaded is None else weights_source(cfg.model),
+        model_dtype="" if loaded is None else str(loaded[0].dtype).removeprefix("torch."),
     )
     (out_dir / name).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     return result
