@@ -423,7 +423,7 @@ def test_a_decode_run_defaults_its_control_windows_to_its_windows(tmp_path: Path
 
 _WINDOWS = (
     "expected a list of [first, end] position ranges, ascending and disjoint, with "
-    "1 <= first < end <= text_length - 1 (1023)"
+    "0 <= first < end <= text_length - 1 (1023)"
 )
 
 
@@ -436,7 +436,8 @@ _WINDOWS = (
             ("text_length", "4096"),
             "`runs[0].text_length` is 4096; expected at most `model.max_length` (2048)",
         ),
-        (("windows", "[[0, 16]]"), f"`runs[0].windows` holds [0, 16]; {_WINDOWS}"),
+        (("windows", "[[-1, 16]]"), f"`runs[0].windows` holds [-1, 16]; {_WINDOWS}"),
+        (("windows", "[[16, 16]]"), f"`runs[0].windows` holds [16, 16]; {_WINDOWS}"),
         (("windows", "[[16, 1024]]"), f"`runs[0].windows` holds [16, 1024]; {_WINDOWS}"),
         (
             ("windows", "[[16, 64], [32, 80]]"),

@@ -279,10 +279,10 @@ def _divergence_run(
 
 
 def _windows(where: str, value: object, text_length: int) -> tuple[tuple[int, int], ...]:
-    """Ascending, disjoint ``[first, end)`` ranges with ``1 <= first < end < text_length``."""
+    """Ascending, disjoint ``[first, end)`` ranges with ``0 <= first < end < text_length``."""
     expected = (
         f"expected a list of [first, end] position ranges, ascending and disjoint, with "
-        f"1 <= first < end <= text_length - 1 ({text_length - 1})"
+        f"0 <= first < end <= text_length - 1 ({text_length - 1})"
     )
     if not isinstance(value, list) or not value:
         raise ConfigError(f"`{where}` is {value!r}; {expected}")
@@ -293,7 +293,7 @@ def _windows(where: str, value: object, text_length: int) -> tuple[tuple[int, in
             and len(pair) == 2
             and all(isinstance(p, int) and not isinstance(p, bool) for p in pair)
         )
-        if not ok or not 1 <= pair[0] < pair[1] <= text_length - 1:
+        if not ok or not 0 <= pair[0] < pair[1] <= text_length - 1:
             raise ConfigError(f"`{where}` holds {pair!r}; {expected}")
         if windows and pair[0] < windows[-1][1]:
             raise ConfigError(f"`{where}` holds {pair!r} after {list(windows[-1])}; {expected}")

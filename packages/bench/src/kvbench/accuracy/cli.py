@@ -97,8 +97,16 @@ def format_divergence(divergence: DivergenceResult, chunks: bool = False) -> str
         f"{divergence.corpus}, {divergence.chunks} chunks of {divergence.chunk_length} "
         f"tokens ({positions} positions), controls on {divergence.control_chunks} chunks"
     ]
+    if divergence.kernel == "decode":
+        text = [
+            f"divergence of {divergence.candidate} from {divergence.baseline} through the decode "
+            f"kernel: corpus {divergence.corpus}, {divergence.texts} texts of "
+            f"{divergence.text_length} tokens ({divergence.documents}) decoded together, windows "
+            f"{divergence.windows}, controls on {divergence.control_windows}"
+        ]
     lines: list[tuple[str, ...]] = [
         (
+            "context",
             "arm",
             "attention",
             "cache",
@@ -119,6 +127,7 @@ def format_divergence(divergence: DivergenceResult, chunks: bool = False) -> str
     for row in divergence.rows:
         lines.append(
             (
+                str(row.get("context")),
                 row["arm"],
                 row["attention"],
                 row["kv_cache_dtype"],
