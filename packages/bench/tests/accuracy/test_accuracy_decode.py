@@ -69,7 +69,7 @@ def test_every_arm_has_a_row_per_bucket_with_block_errors(reference_run: Diverge
     rows = {(row["arm"], row["context"]): row for row in reference_run.rows}
     assert set(rows) == {
         (arm, bucket)
-        for arm in ("candidate", "degraded", "near-gate", "trap")
+        for arm in ("candidate", "degraded", "near-gate", "twin-trap")
         for bucket in ("≤24", "25-64")
     }
     for (_, bucket), row in rows.items():
@@ -89,10 +89,10 @@ def test_int8_passes_each_bucket_the_4_bit_control_fails_each_and_the_trap_is_0(
             "candidate": EXPECT_PASS,
             "degraded": EXPECT_FAIL,
             "near-gate": EXPECT_REPORTED,
-            "trap": "exactly-0",
+            "twin-trap": "exactly-0",
         }[row["arm"]]
         assert row["expected"] == expected and row["behaved"], row
-        if row["arm"] == "trap":
+        if row["arm"] == "twin-trap":
             assert row["max_kld"] == 0.0 and row["identical"]
         if row["arm"] == "degraded":
             assert row["mean_kld"] > 10 * _SHIPPED_GATE.max_mean_kld  # type: ignore[union-attr]

@@ -75,7 +75,7 @@ def _arms(spec: DivergenceSpec, baseline: str, candidate: str) -> tuple[list[_Ar
     controls = [_Arm("degraded", DEGRADED_KV_CACHE_DTYPE, control=True, expected=EXPECT_FAIL)]
     if spec.near_gate is not None:
         controls.append(_Arm("near-gate", spec.near_gate, control=True, expected=EXPECT_REPORTED))
-    controls.append(_Arm("trap", baseline, control=True, expected=EXPECT_ZERO))
+    controls.append(_Arm("twin-trap", baseline, control=True, expected=EXPECT_ZERO))
     return [_Arm("candidate", candidate, control=False, expected=EXPECT_PASS)], controls
 
 
@@ -248,7 +248,7 @@ def run_decode_divergence(
         "candidate": candidate,
         "degraded": "4-bit control",
         "near-gate": f"near-gate control ({spec.near_gate})",
-        "trap": "trap (16-bit again)",
+        "twin-trap": "trap: a second 16-bit cache",
     }
     plot = plot_kld(
         {

@@ -132,8 +132,6 @@ DELTA_COLUMNS = [
     "verdict",
 ]
 DIVERGENCE_COLUMNS = [
-    "kernel",
-    "context",
     "arm",
     "cache",
     "prefill",
@@ -147,6 +145,8 @@ DIVERGENCE_COLUMNS = [
     "same_top1",
     "ppl_ratio",
     "rms_dp",
+    "kernel",
+    "context",
     "expected",
     "verdict",
 ]
@@ -315,8 +315,6 @@ def _with_error(value: float, stderr: float) -> str:
 
 def _divergence_row(row: DivergenceRow) -> list[Scalar]:
     return [
-        row.get("kernel", "prefill"),
-        row.get("context"),
         row["arm"],
         row["kv_cache_dtype"],
         "reads-cache" if row["prefill_reads_cache"] else "skips-cache",
@@ -330,6 +328,8 @@ def _divergence_row(row: DivergenceRow) -> list[Scalar]:
         _with_error(row["same_top1"], row["same_top1_stderr"]),
         _with_error(row["ppl_ratio"], row["ppl_ratio_stderr"]),
         _with_error(row["rms_dp"], row["rms_dp_stderr"]),
+        row.get("kernel", "prefill"),
+        row.get("context"),
         row["expected"],
         row["verdict"],
     ]
@@ -431,7 +431,7 @@ def _decode_metrics(run: DivergenceResult) -> dict[str, Scalar]:
                 "passed" if all(row["verdict"] == "passed" for row in near) else "failed"
             ),
         }
-    trap = by_arm.get("trap", [])
+    trap = by_arm.get("twin-trap", [])
     if trap:
         metrics |= {
             "decode_trap_max_kld": max(row["max_kld"] for row in trap),
