@@ -169,3 +169,36 @@ def test_the_4_bit_control_fails_through_the_decode_kernel_where_int8_passes(
     assert degraded["verdict"] == "failed", degraded
     assert degraded["mean_kld"] > 10 * candidate["mean_kld"]
     assert BLOCK_POSITIONS == 64 and candidate["stderr_blocks"] == 2
+
+
+def test_the_accuracy_record_holds_the_decode_rows_and_gates(
+    reference_run: DivergenceResult,
+) -> None:
+    from kvbench.accuracy import AccuracyResult
+
+    result = AccuracyResult(
+        backend="kvquant-hf",
+        model="SmolLM2-135M-Instruct.Q4_1",
+        device="cpu",
+        tasks=[],
+        rows=[],
+        divergence=[reference_run],
+        tolerance=0.02,
+        plot=None,
+        timings=[],
+        elapsed_s=1.0,
+        weights="Q4_1 GGUF",
+        model_dtype="float32",
+    )
+    parts = result.record_parts()
+    table = parts.tables["divergence"]
+    assert len(table.rows) == 8
+    kernel, context = table.columns.index("kernel"), table.columns.index("context")
+    assert {(row[kernel], row[context]) for row in table.rows} == {
+        ("decode", "≤24"),
+        ("decode", "25-64"),
+    }
+    assert "through the decode kernel on 64 positions to context 56" in parts.summary
+    assert parts.metrics["model_weights"] == "Q4_1 GGUF"
+    assert all(gate.passed for gate in parts.gates) and len(parts.gates) == 6
+    assert AccuracyResult.from_dict(result.to_dict()).divergence[0] == reference_run

@@ -251,6 +251,13 @@ class AccuracyResult:
                 f"{divergence['divergence_ppl_ratio']:.4f} ({divergence['divergence_gate']}); "
                 f"controls not as expected: {divergence['divergence_controls_failed']}"
             )
+        if "decode_worst_mean_kld" in divergence:
+            summary += (
+                f"; through the decode kernel on {divergence['decode_positions']} positions to "
+                f"context {divergence['decode_context_max']}: worst bucket "
+                f"{divergence['decode_worst_context']} mean KLD "
+                f"{divergence['decode_worst_mean_kld']:.3g} ({divergence['decode_gate']})"
+            )
         tables = (
             Table(DELTA_COLUMNS, [_delta_row(row) for row in rows]),
             Table(
