@@ -77,7 +77,7 @@ def test_unknown_kv_cache_dtype_is_refused_in_one_line(smollm2: Any) -> None:
     with pytest.raises(
         AccuracyError,
         match=r"^`kv_cache_dtype`: cache dtype 'int2' is not known for accuracy or control; "
-        r"expected one of auto, int8, fp8_e4m3, int4$",
+        r"expected one of auto, int8, fp8_e4m3, int4, int5, int6, int7$",
     ) as info:
         _kvquant(smollm2, "int2", "decode", reads=True)
     assert "\n" not in str(info.value)
