@@ -69,10 +69,10 @@ CACHE_DTYPES: tuple[CacheDType, ...] = (
     _row("fp8_e5m2", ("fp8_e5m2",), "float8_e5m2", 1, VLLM),
     # 4-bit codes held one per int8: a control that must fail the divergence gates.
     _row("int4", (), "int8", 0.5, CONTROL),
-    # 5 to 7-bit codes held one per int8: controls reported beside the divergence gates.
-    _row("int5", (), "int8", 0.625, CONTROL),
-    _row("int6", (), "int8", 0.75, CONTROL),
-    _row("int7", (), "int8", 0.875, CONTROL),
+    # 5 to 7-bit codes, one per int8 as stored: controls reported beside the divergence gates.
+    _row("int5", (), "int8", 1, CONTROL),
+    _row("int6", (), "int8", 1, CONTROL),
+    _row("int7", (), "int8", 1, CONTROL),
 )
 _BY_NAME = {row.name: row for row in CACHE_DTYPES}
 _BY_VLLM_NAME = {name: row for row in CACHE_DTYPES for name in row.vllm}
