@@ -50,3 +50,36 @@ def test_fewer_bits_round_more_coarsely() -> None:
     codes, scale = coarse_codes(x, 8)
     int8_codes, int8_scale = reference.quantize_per_token_head(x)
     assert torch.equal(codes, int8_codes) and torch.equal(scale, int8_scale)
+
+
+@pytest.mark.parametrize(
+    ("cache_dtype", "bits"), [(torch.int8, None), (torch.int8, 4), (torch.bfloat16, None)]
+)
+def test_the_batch_kernel_cache_attends_as_the_reference_does(
+    cache_dtype: torch.dtype, bits: int | None
+) -> None:
+    """A prefill of 2 sequences through kvquant's prefill kernel, then a decode step through its
+    decode kernel (Triton's interpreter on the CPU), each sequence against kvquant's torch
+    reference over what its own pages hold."""
+    from kvquant.ops._common import interpreted
+
+    if not interpreted() and not torch.cuda.is_available():
+        pytest.skip("kvquant's kernels need a GPU or Triton's interpreter")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    generator = torch.Generator().manual_seed(7)
+    q_heads, scale = 9, _HEAD_SIZE**-0.5
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=generator).to(torch.bfloat16).to(device)
+
+    cache = _BatchKernelCache(torch.int8, bits, _BATCH, _KV_HEADS, _HEAD_SIZE, _MAX_TOKENS, device)
+    for start, n in ((0, 5), (5, 1)):
+        key, value = rand(_BATCH, n, _KV_HEADS, _HEAD_SIZE), rand(_BATCH, n, _KV_HEADS, _HEAD_SIZE)
+        query = rand(_BATCH, n, q_heads, _HEAD_SIZE)
+        cache.write(key, value, start)
+        out = cache.attend(query, start + n, scale, None, None)
+        assert out.shape == query.shape
+        for b in range(_BATCH):
+            k, v = reference.gather_kv(cache._cache, cache._block_table[b], start + n)
+            expected = reference.attention_ref(query[b], k, v, scale, None, None)
+            torch.testing.assert_close(out[b].float(), expected.float(), atol=2e-2, rtol=2e-2)
