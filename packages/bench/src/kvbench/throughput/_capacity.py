@@ -3,7 +3,7 @@
 Computed from the model's shape and kvquant's page size (for INT8 that is upstream vLLM's
 ``int8_per_token_head`` page: codes plus one fp32 scale per token and kv head, for K and V), for
 each KV cache dtype the end-to-end cells run, in the element dtype the engine stores it in: the
-engine's ``auto`` cache holds the model's dtype, which the engine arguments set (float32 on the CPU
+engine's ``auto`` cache holds the model's dtype, which the engine arguments set (bfloat16 on the CPU
 nightly), so computed rows and the engine's own rows describe the same cache. Engine rows come from
 the capacity each vLLM cell logged.
 """

@@ -20,7 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._vllm_env import VLLM_PYTHON_ENV, VLLMEnvironmentError, vllm_environment
+from .._vllm_env import (
+    VLLM_PRELOAD_ENV,
+    VLLM_PYTHON_ENV,
+    VLLMEnvironmentError,
+    vllm_environment,
+)
 from ._errors import EngineMissingError
 from ._matrix import E2ECell, EngineSettings
 from ._measurement import INTERPRETER_CHECK, REFERENCE_CHECK, TIMED
@@ -28,11 +33,15 @@ from ._measurement import INTERPRETER_CHECK, REFERENCE_CHECK, TIMED
 # Latency cells: untimed iterations before the timed ones (vLLM's default of 10 is for GPUs).
 _LATENCY_WARMUP_ITERS = 1
 
-# vLLM logs its KV capacity once the cache is allocated, before any request runs.
-_CAPACITY_LINE = re.compile(
-    r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: "
-    r"([\d.]+)x"
+# vLLM logs its KV capacity once the cache is allocated, before any request runs: in one line
+# ("KV cache size: N tokens, Maximum concurrency for L tokens per request: Cx"), or in two
+# (0.18.1: "GPU KV cache size: N tokens", then "Maximum concurrency for ...").
+_CAPACITY_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
+_CAPACITY_CONCURRENCY = re.compile(
+    r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"
 )
+# The engine names its release as it starts: "Initializing a V1 LLM engine (v0.18.1) with config".
+_ENGINE_LINE = re.compile(r"Initializing a \S+ LLM engine \(v([^()\s]+)\)")
 # "ValueError: message", also inside vLLM's "(Worker pid=1) ERROR ... [file.py:10] " prefix.
 _EXCEPTION_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)$")
 _ARGPARSE_LINE = re.compile(r"^\S.*: error: (.+)$")
@@ -138,14 +147,20 @@ def served_measurement(log: str) -> str:
 
 def engine_capacity(log: str) -> dict[str, Any] | None:
     """The KV capacity vLLM logged: tokens, and whole sequences of max_model_len tokens."""
-    match = _CAPACITY_LINE.search(log)
-    if match is None:
+    tokens, concurrency = _CAPACITY_TOKENS.search(log), _CAPACITY_CONCURRENCY.search(log)
+    if tokens is None or concurrency is None:
         return None
     return {
-        "max_tokens": int(match[1].replace(",", "")),
-        "max_seqs": int(float(match[3])),
-        "seq_len": int(match[2].replace(",", "")),
+        "max_tokens": int(tokens[1].replace(",", "")),
+        "max_seqs": int(float(concurrency[2])),
+        "seq_len": int(concurrency[1].replace(",", "")),
     }
+
+
+def engine_version(log: str) -> str | None:
+    """The vLLM release the engine said it is, as it started; None if it never got that far."""
+    match = _ENGINE_LINE.search(log)
+    return match[1] if match else None
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
@@ -169,6 +184,8 @@ def run_e2e_cell(
     env = {**os.environ, **engine.env}
     if environment.vllm_cpu:
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    if preload := os.environ.get(VLLM_PRELOAD_ENV):
+        env["LD_PRELOAD"] = preload
     result: dict[str, Any] = {"log": str(log_file)}
     start = time.perf_counter()
     with log_file.open("wb") as log:
@@ -188,6 +205,7 @@ def run_e2e_cell(
     wall_s = time.perf_counter() - start
     text = log_file.read_text(errors="replace")
     result["capacity"] = engine_capacity(text)
+    result["vllm_version"] = engine_version(text)
     result["measurement"] = served_measurement(text)
     result["functional_check"] = result["measurement"] != TIMED
     if code is None:

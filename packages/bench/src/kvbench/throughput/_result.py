@@ -41,8 +41,12 @@ KERNEL_COLUMNS = [
     "history_runs",
     "verdict",
 ]
+# An end-to-end row names the vLLM release that served it (as its engine logged it) and the
+# model dtype it ran.
 E2E_COLUMNS = [
     "bench",
+    "vllm_version",
+    "model_dtype",
     "kv_cache_dtype",
     "cache_dtype",
     "block_size",

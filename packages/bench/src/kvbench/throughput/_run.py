@@ -215,8 +215,8 @@ def _capacity(
     if shape is not None:
         caches = {(c["kv_cache_dtype"], c["cache_dtype"]): None for c in e2e if c["cache_dtype"]}
         if any(cache == "int8" for _, cache in caches):
-            # What INT8 replaces is a 16-bit cache, whatever the engine's own stores here (float32
-            # on the CPU nightly): its row is computed for the comparison a decision reads.
+            # What INT8 replaces is a 16-bit cache, whatever the engine's own stores: its row is
+            # computed for the comparison a decision reads.
             caches.setdefault((SIXTEEN_BIT_CACHE, SIXTEEN_BIT_CACHE), None)
         rows += computed_capacity(shape, spec.capacity, list(caches))
     seen = set()
