@@ -467,3 +467,36 @@ def test_the_capacity_row_compares_int8_with_a_16_bit_cache_not_the_engines_fp32
         "KV capacity at a fixed budget, INT8 against a 16-bit cache"
     ]
     assert old_row[1] == "not measured"
+
+
+def test_int8_end_to_end_is_paired_with_auto_of_its_own_vllm_release_and_model_dtype() -> None:
+    columns = ["bench", "vllm_version", "model_dtype", "kv_cache_dtype", "block_size"]
+    columns += ["input_len", "output_len", "batch", "compilation", "graphs"]
+    columns += ["measurement", "value", "verdict"]
+    shape: list[Scalar] = [32, 128, 32, 16, 0, False]
+    rows: list[list[Scalar]] = [
+        ["throughput", "0.18.1", "bfloat16", "auto", *shape, "timed", 200.0, "passed"],
+        [
+            "throughput",
+            "0.18.1",
+            "bfloat16",
+            "int8_per_token_head",
+            *shape,
+            "timed",
+            150.0,
+            "passed",
+        ],
+        ["throughput", "0.32.0", "float32", "auto", *shape, "timed", 100.0, "passed"],
+    ]
+    question = "INT8 end-to-end throughput against 16-bit (stream B, timed)"
+
+    def answer(table_rows: list[list[Scalar]]) -> list[str]:
+        record = dataclasses.replace(
+            make_record("throughput"), tables={"e2e": Table(columns, table_rows)}, metrics={}
+        )
+        return _rows(render_block("decision-0010", _shown(record), "en"))[question]
+
+    # 150 over its own release's 200, never over 0.32's fp32 100 (which would read 1.5×).
+    assert answer(rows)[1] == "0.75× – 0.75×"
+    # Without a 16-bit row of its release and dtype, INT8 has nothing to be compared with.
+    assert answer(rows[1:])[1] == "not measured"
