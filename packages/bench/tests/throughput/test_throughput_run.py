@@ -184,6 +184,11 @@ def test_real_vllm_cells_a_bad_dtype_that_fails_alone_and_a_functional_int8_chec
     assert good["status"] == "ok", good["error"]
     assert good["value"] > 0 and good["engine_start_s"] > 0
     assert bad["status"] == "failed" and "int7" in bad["error"]
+    # Each row names the release its engine said it is, and the model dtype it ran.
+    import vllm
+
+    assert good["vllm_version"] == int8["vllm_version"] == vllm.__version__
+    assert good["model_dtype"] == "float32"
     # vLLM's own fp32 cache: a timing, and a capacity row computed for the dtype the engine
     # stores (float32, from --dtype) that equals the engine's own.
     assert good["measurement"] == "timed" and good["cache_dtype"] == "float32"
