@@ -189,6 +189,9 @@ def test_real_vllm_cells_a_bad_dtype_that_fails_alone_and_a_functional_int8_chec
 
     assert good["vllm_version"] == int8["vllm_version"] == vllm.__version__
     assert good["model_dtype"] == "float32"
+    # ...and so does the name its history knows it by: a night on another release or model dtype
+    # is not its history.
+    assert good["name"].endswith(f" model=float32 vllm={vllm.__version__}")
     # vLLM's own fp32 cache: a timing, and a capacity row computed for the dtype the engine
     # stores (float32, from --dtype) that equals the engine's own.
     assert good["measurement"] == "timed" and good["cache_dtype"] == "float32"

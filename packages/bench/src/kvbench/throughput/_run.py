@@ -169,6 +169,12 @@ def _run_cells(
         if isinstance(cell, E2ECell):
             model_dtype, cache_dtype = cell_dtypes(cell, spec.engine, config_dtype)
             stored = {"model_dtype": model_dtype, "cache_dtype": cache_dtype}
+            # Its history is that of the same model dtype on the same vLLM release: the name the
+            # history knows a cell by says both.
+            version = measured.get("vllm_version")
+            stored["name"] = f"{cell.name} model={model_dtype}" + (
+                f" vllm={version}" if version else ""
+            )
         else:
             stored = {"model_dtype": cell.shape.model_dtype}
         results.append({**_blank(cell), **stored, **measured})
