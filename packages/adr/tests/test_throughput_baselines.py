@@ -77,10 +77,10 @@ def test_each_shape_shows_its_cells_and_the_baselines_side_by_side() -> None:
         assert f"| {column} |" in header, header
     assert "| × our 16-bit | × upstream bf16 | × upstream INT8 | × SDPA flash |" in header
     assert "Of copy bandwidth (read + write; a decode only reads)" in header
-    assert "| decode | 32/8x128 | 1 | 8192 | 0 | timed | 0.0254 | 680.1 | 0.1595 | 0.0267 | " in en
+    assert "| Decode | 32/8x128 | 1 | 8192 | 0 | timed | 0.0254 | 680.1 | 0.1595 | 0.0267 | " in en
     assert "| 0.0966 | 0.0584 | — | 1.05 | 2.3 | 3.8 | — |" in en
     # The prefill's SDPA cell was not measured: the cell says so, the line under the table why.
-    assert "| prefill | 32/8x128 | 8 | 2048 | 0 | timed | 1.003 |" in en
+    assert "| Prefill | 32/8x128 | 8 | 2048 | 0 | timed | 1.003 |" in en
     assert "| 1.159 | — | — | not measured | 1.155 |" in en
     assert f"_Upstream: `{UPSTREAM}`, SDPA: not measured, `{SDPA_WHY}`_" in en
     zh = render_block("kvbench-kernel-throughput", {"throughput": _record()}, "zh")

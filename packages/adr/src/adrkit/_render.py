@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from adrkit._answers import compiled_for
 from adrkit._block_sources import BLOCK_SOURCES
 from adrkit._blocks import BLOCKS
 from adrkit._errors import RenderError
@@ -20,13 +21,8 @@ from adrkit._freshness import Sources, stale, stale_note
 from adrkit._labels import label
 from adrkit._markdown import Markdown, code_cell, markdown_table, markdown_text, source_line
 from adrkit._stage_renderer import StageRenderer
-from adrkit._summary import (
-    SUMMARY_KEYS,
-    Decisions,
-    compiled_for,
-    render_summary,
-    summary_label,
-)
+from adrkit._summary import SUMMARY_KEYS, Decisions, render_summary
+from adrkit._summary_words import summary_label
 from adrkit.schema import Record, Scalar
 
 
