@@ -55,6 +55,9 @@ def test_the_gpu_kernel_matrix_times_the_shapes_kvquants_benchmarks_print(
         for step, cache, impl in itertools.product(STEPS, ("int8", "bfloat16"), ("kvquant", "vllm"))
     }
     assert all(c.shape == cells[0].shape for c in steps)
+    # The served steps alone, for a GPU node whose time is short: the same cells.
+    served = load_matrix(CONFIGS / "throughput-gpu-served.toml")
+    assert served.cells == tuple(steps)
     s = cells[0].shape
     assert (s.num_q_heads, s.num_kv_heads, s.head_size, s.block_size) == (
         shapes.NUM_Q_HEADS,
