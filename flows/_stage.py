@@ -9,7 +9,6 @@ wrote), and `run_stage` does the rest, the same way for every stage.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import tomllib
 from collections.abc import Callable, Collection, Iterator
@@ -30,7 +29,7 @@ from adrkit import (
     utc_now,
     write_record,
 )
-from adrkit.schema import Gate, Provenance, Record, RecordError, RecordParts, Scalar
+from adrkit.schema import Gate, Provenance, Record, RecordError, RecordParts, Scalar, gate_rule
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GATES_FILE = REPO_ROOT / "flows" / "gates.toml"
@@ -164,19 +163,10 @@ def load_gates(
             raise GatesFileError(f"{gates_file}: {stage} must be a table [{stage}] of gates")
         gates[stage] = {}
         for metric, rule in declared.items():
-            where = f"{gates_file}: [{stage}] {metric}"
-            if not isinstance(rule, dict) or set(rule) != {"op", "threshold"}:
-                raise GatesFileError(f"{where} must be a table {{ op = ..., threshold = ... }}")
-            op, threshold = str(rule["op"]), rule["threshold"]
-            if isinstance(threshold, bool) or not isinstance(threshold, int | float):
-                raise GatesFileError(f"{where}: threshold {threshold!r} is not a number")
-            if not math.isfinite(threshold):
-                raise GatesFileError(f"{where}: threshold {threshold!r} is not finite")
             try:
-                Gate.judge(metric, 0.0, op, float(threshold))
-            except RecordError as error:  # an unknown comparison
-                raise GatesFileError(f"{gates_file}: [{stage}] {error}") from None
-            gates[stage][metric] = (op, float(threshold))
+                gates[stage][metric] = gate_rule(metric, rule)
+            except RecordError as error:
+                raise GatesFileError(f"{gates_file}: [{stage}] {metric}: {error}") from None
     return gates
 
 

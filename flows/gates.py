@@ -28,7 +28,7 @@ from kvquant.build import GATES as BUILD_GATES
 # The code that judges gates (an `adrkit.schema` `Gate` or `holds`), by file and function. Each is
 # listed below from the file that declares its thresholds.
 JUDGED_IN = {
-    "flows/_stage.py": ("load_gates", "stage_gates"),
+    "flows/_stage.py": ("stage_gates",),
     "packages/kvquant/src/kvquant/build/_build.py": ("_gates",),
     # The build matrix's gates, carried into the kernels stage's record.
     "packages/kvquant/src/kvquant/build/_result.py": ("record_parts",),
@@ -38,7 +38,7 @@ JUDGED_IN = {
         "divergence_gates",
         "agreement_gate",
     ),
-    "packages/adr/src/adrkit/_summary.py": ("_row_spec", "_verdict"),
+    "packages/adr/src/adrkit/_summary.py": ("_verdict",),
 }
 # How kvbench's accuracy gates compare each config value (kvbench.accuracy._result): the task
 # rows' |delta| against max(tolerance, 2 stderr), the divergence rows' three figures, the

@@ -10,7 +10,6 @@ what a strict milestone run checks: every row it needs measured, passing and fre
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,7 +36,7 @@ from adrkit._summary_words import (
     Result,
     summary_label,
 )
-from adrkit.schema import Gate, Record, RecordError, Scalar
+from adrkit.schema import Gate, Record, RecordError, Scalar, gate_rule
 
 DECISIONS_FILE = "decisions.toml"
 _MAX_DECISIONS_BYTES = 256 * 2**10
@@ -121,22 +120,10 @@ def _row_spec(path: Path, block: str, index: int, entry: object) -> RowSpec:
     gate = entry.get("gate")
     parsed_gate = None
     if gate is not None:
-        threshold = gate.get("threshold") if isinstance(gate, dict) else None
-        op = gate.get("op") if isinstance(gate, dict) else None
-        if not isinstance(gate, dict) or set(gate) != {"op", "threshold"}:
-            msg = f"{where}: `gate` must be {{ op = ..., threshold = ... }}"
-            raise AdrError(msg)
-        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
-            msg = f"{where}: gate threshold {threshold!r} is not a number"
-            raise AdrError(msg)
         try:
-            Gate.judge(answer, 0.0, str(op), float(threshold))
+            parsed_gate = gate_rule(answer, gate)
         except RecordError as exc:
-            raise AdrError(f"{where}: {exc}") from None
-        if not math.isfinite(threshold):
-            msg = f"{where}: gate threshold {threshold!r} is not finite"
-            raise AdrError(msg)
-        parsed_gate = (str(op), float(threshold))
+            raise AdrError(f"{where}: `gate` {exc}") from None
     milestone = entry.get("milestone", False)
     if not isinstance(milestone, bool):
         msg = f"{where}: `milestone` must be true or false"

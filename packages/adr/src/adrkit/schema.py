@@ -133,6 +133,24 @@ class Gate:
         return cls(name=name, value=value, op=op, threshold=threshold, passed=passed)
 
 
+def gate_rule(name: str, rule: object) -> tuple[str, float]:
+    """A declared gate ``{ op = ..., threshold = ... }`` (flows' gates.toml, the ADRs'
+    decisions.toml) checked: its comparison and finite threshold.
+
+    Raises:
+        RecordError: naming what is wrong; the caller adds where the rule is declared.
+    """
+    if not isinstance(rule, dict) or set(rule) != {"op", "threshold"}:
+        raise RecordError("must be a table { op = ..., threshold = ... }")
+    op, threshold = str(rule["op"]), rule["threshold"]
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+        raise RecordError(f"threshold {threshold!r} is not a number")
+    if not math.isfinite(threshold):
+        raise RecordError(f"threshold {threshold!r} is not finite")
+    holds(0.0, op, float(threshold))  # an unknown comparison is refused
+    return op, float(threshold)
+
+
 @dataclass(frozen=True)
 class Table:
     """A small table of scalars; ``columns`` are stable ids that renderers translate.
