@@ -77,6 +77,11 @@ class KernelShape:
     # Timed calls per cell on the CPU, where the kernels run in Triton's interpreter.
     cpu_runs: int = 3
 
+    @property
+    def heads(self) -> str:
+        """The attention geometry, query heads / kv heads x head size, e.g. ``32/8x128``."""
+        return f"{self.num_q_heads}/{self.num_kv_heads}x{self.head_size}"
+
 
 @dataclass(frozen=True)
 class CapacitySettings:
@@ -112,8 +117,7 @@ class KernelCell:
     @property
     def heads(self) -> str:
         """The attention geometry, query heads / kv heads x head size, e.g. ``32/8x128``."""
-        s = self.shape
-        return f"{s.num_q_heads}/{s.num_kv_heads}x{s.head_size}"
+        return self.shape.heads
 
     @property
     def name(self) -> str:
@@ -220,8 +224,7 @@ class ServedStepCell:
 
     @property
     def heads(self) -> str:
-        s = self.shape
-        return f"{s.num_q_heads}/{s.num_kv_heads}x{s.head_size}"
+        return self.shape.heads
 
     @property
     def name(self) -> str:
